@@ -1,0 +1,1 @@
+"""The fault lab: real multi-process data-parallel training with named faults."""

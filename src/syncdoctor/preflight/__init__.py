@@ -1,0 +1,1 @@
+"""The preflight part of syncdoctor."""

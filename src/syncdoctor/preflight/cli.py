@@ -1,0 +1,9 @@
+"""Subcommands of the preflight part."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # filled in by the preflight work
+    pass

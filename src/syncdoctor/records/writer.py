@@ -1,0 +1,74 @@
+"""Append-only, one-write-per-record JSON-lines writer.
+
+Each record is encoded in full and then written with a single os.write on an
+O_APPEND descriptor, so a SIGKILL loses at most the record being written and never
+interleaves or corrupts earlier ones. Writing never raises into the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from syncdoctor.records.schema import SCHEMA_VERSION, records_path
+
+
+def _split_nonfinite(fields: dict[str, Any]) -> dict[str, str]:
+    """JSON has no NaN/inf: such a top-level float becomes null and is named in
+    `nonfinite` ({"loss": "nan"}), so a NaN loss is never silently lost."""
+    nonfinite = {}
+    for key, value in fields.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            nonfinite[key] = str(value)
+            fields[key] = None
+    return nonfinite
+
+
+class RecordWriter:
+    def __init__(self, run_dir: str | os.PathLike[str], rank: int) -> None:
+        self.path = records_path(run_dir, rank)
+        self.failed: str | None = None
+        self._fd: int | None = None
+        try:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:  # the probe must never stop training
+            self.failed = f"cannot open {self.path}: {exc}"
+
+    def write(self, kind: str, **fields: Any) -> None:
+        if self._fd is None:
+            return
+        nonfinite = _split_nonfinite(fields)
+        if nonfinite:
+            fields["nonfinite"] = nonfinite
+        record = {"v": SCHEMA_VERSION, "kind": kind, **fields}
+        try:
+            # Nested non-finite floats (a list of norms) become null rather than invalid JSON.
+            line = json.dumps(record, separators=(",", ":"), default=str, allow_nan=False)
+        except ValueError:
+            line = json.dumps(_nulled(record), separators=(",", ":"), default=str)
+        try:
+            os.write(self._fd, (line + "\n").encode())
+        except OSError as exc:
+            self.failed = f"cannot write {self.path}: {exc}"
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+
+def _nulled(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _nulled(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nulled(v) for v in value]
+    return value
