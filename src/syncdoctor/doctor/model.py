@@ -1,0 +1,114 @@
+"""What a diagnosis is: the data every analysis fills in and every renderer
+(terminal, JSON, HTML) reads. Plain dataclasses, no behaviour."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Verdict = Literal["healthy", "sync_problem", "not_sync_problem", "inconclusive"]
+Severity = Literal["error", "warning", "info"]
+DIAGNOSIS_SCHEMA = "syncdoctor.diagnosis/1"
+
+# Stable JSON values of Finding.category.
+CATEGORIES = (
+    "healthy",
+    "train.divergence",
+    "hparam.lr_scaling",
+    "config.rank_identity",
+    "env.device",
+    "data.seed",
+    "data.sharding",
+    "sync.incomplete_reduce",
+    "sync.step_misalignment",
+    "sync.reduce_op",
+    "sync.control_flow",
+    "model.init_mismatch",
+    "model.mode_mismatch",
+    "model.buffer_divergence",
+    "optim.state_mismatch",
+    "loss.definition_mismatch",
+    "code.version_mismatch",
+    "numeric.overflow",
+    "comm.fault",
+    "process.crash",
+)
+
+
+@dataclass
+class LossShape:
+    """The shape of one loss series and the numbers that decided it."""
+
+    shape: str  # noise | decreasing | diverging | sawtooth | spike | nonfinite | plateau_chance | flat | too_short
+    rank: int | None  # None: the all-rank mean curve
+    n_points: int
+    amplitude: float | None = None  # typical step-to-step jump relative to the level
+    rhythm: float | None = None  # fraction of steps where the direction flips
+    trend: float | None = None  # relative change first→last quarter
+    detail: str = ""  # one human line: why this shape
+
+
+@dataclass
+class Event:
+    """A communication or process event found in a log or a record."""
+
+    kind: str  # timeout | retry | watchdog | network | crash | oom | mismatch | configuration | exit | info
+    raw: str  # the line as found (never executed, always escaped when rendered)
+    source: str  # file path
+    line: int | None = None
+    rank: int | None = None
+    host: str | None = None
+    t: float | None = None  # unix time when the line carried one
+    step: int | None = None  # aligned training step, when known
+    benign: bool = False  # known-normal noise (e.g. msrun start-up topology retries)
+
+
+@dataclass
+class Finding:
+    code: str
+    category: str
+    severity: Severity
+    confidence: float  # 0..1
+    title: str
+    ranks: list[int] = field(default_factory=list)
+    step: int | None = None
+    tensor: str | None = None
+    evidence: list[str] = field(default_factory=list)
+    fix: str = ""
+
+
+@dataclass
+class RankSummary:
+    rank: int
+    steps: int | None = None
+    last_loss: float | None = None
+    mean_loss: float | None = None
+    grad_norm: float | None = None
+    status: str = ""  # ok | crashed | missing | stalled | ...
+    note: str = ""
+
+
+@dataclass
+class Diagnosis:
+    verdict: Verdict
+    loss_shape: LossShape | None
+    findings: list[Finding] = field(default_factory=list)  # most likely root cause first
+    rank_shapes: list[LossShape] = field(default_factory=list)
+    ranks: list[RankSummary] = field(default_factory=list)
+    divergence_step: int | None = None
+    events: list[Event] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # input problems, partial data
+    sources: list[str] = field(default_factory=list)
+    # Series for plots: {rank: [[step, value], ...]}
+    loss_series: dict[int, list[list[float]]] = field(default_factory=dict)
+    grad_norm_series: dict[int, list[list[float]]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"schema": DIAGNOSIS_SCHEMA, **asdict(self)}
+        out["loss_series"] = {str(k): v for k, v in self.loss_series.items()}
+        out["grad_norm_series"] = {str(k): v for k, v in self.grad_norm_series.items()}
+        return out
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(f.severity == "error" for f in self.findings) else 0

@@ -1,0 +1,65 @@
+"""What one rank of a lab run does: the knobs the training scripts read.
+
+A fault only ever changes these knobs (lab/faults.py); the training scripts
+(lab/train_torch.py, lab/train_mindspore.py) read them top to bottom. Knobs that
+take effect at a step use `onset`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class RankPlan:
+    rank: int
+    world_size: int
+    steps: int = 150  # optimizer steps
+    onset: int = 40  # the step at which step-triggered faults act
+    seed: int = 0
+    sync: str = "ddp"  # "ddp": DistributedDataParallel; "allreduce": hand-written, MindSpore-like (no broadcast at start)
+    batch_size: int = 32  # per rank
+    lr: float = 0.05  # for the global batch; the script scales nothing itself
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    # data
+    seed_model: bool = True  # False: this rank seeds nothing before building the model
+    shuffle_seed: int | None = 0  # None: this rank shuffles with fresh entropy
+    shard: str = "strided"  # "strided" | "none" (every rank reads it all) | "hash" (file-style, uneven)
+    shard_id: int | None = None  # None: its own rank
+    shuffle_before_shard: bool = True
+    drop_last: bool = True
+    # gradient accumulation
+    accum_steps: int = 1
+    extra_micro: str = ""  # "" | "no_sync" (one more local micro-step per cycle) | "sync" (one more synced micro-step once)
+    # reduction
+    reduce_op: str = "mean"  # "mean" | "sum"
+    drop_rank_at: int | None = None  # from this step the reduction leaves out `dropped_rank`
+    dropped_rank: int | None = None
+    # optimizer
+    skip_step_at: int | None = None
+    extra_step_at: int | None = None
+    momentum_override_at: int | None = None  # from this step this rank's momentum is `momentum_override`
+    momentum_override: float = 0.0
+    # loss
+    loss: str = "asl"  # asymmetric loss of the playbook, multi-label one-vs-rest
+    asl_margin: float = 0.05
+    # model state
+    train_mode: bool = True  # False: this rank calls model.eval() (dropout off, BN frozen)
+    broadcast_buffers: bool = True
+    # numerics
+    fp16_grads: bool = False  # gradients travel and are checked in float16
+    loss_scale: str = "none"  # "none" | "dynamic" (global skip decision) | "dynamic_local" (per-rank decision)
+    # process faults
+    crash_at: int | None = None  # this rank dies out of memory at this step
+    stall_at: int | None = None  # this rank stops answering at this step
+    pg_timeout_s: float = 30.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RankPlan:
+        return cls(**data)
