@@ -114,13 +114,14 @@ class GradAccumMisaligned(Fault):
     description = "with accumulation over 4 micro-steps one rank runs one micro-step more"
     symptom = "accumulation counter off by one on one rank (playbook 4.3)"
     category = "sync.step_misalignment"
-    variants = ("no_sync", "sync")
+    variants = ("no_sync", "extra_update")
     frameworks = ("torch", "mindspore")
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.accum_steps = 4
         if plan.rank == self.bad_rank(plan.world_size):
             plan.extra_micro = variant or "no_sync"
+            plan.extra_micro_at = plan.onset
 
 
 class SkippedStep(Fault):

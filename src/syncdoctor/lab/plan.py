@@ -32,7 +32,10 @@ class RankPlan:
     drop_last: bool = True
     # gradient accumulation
     accum_steps: int = 1
-    extra_micro: str = ""  # "" | "no_sync" (one more local micro-step per cycle) | "sync" (one more synced micro-step once)
+    # "" | "no_sync": from extra_micro_at, one more local micro-step in every cycle |
+    # "extra_update": at extra_micro_at, one more synced micro-step followed by an update
+    extra_micro: str = ""
+    extra_micro_at: int = 0
     # reduction
     reduce_op: str = "mean"  # "mean" | "sum"
     drop_rank_at: int | None = None  # from this step the reduction leaves out `dropped_rank`
@@ -54,7 +57,7 @@ class RankPlan:
     # process faults
     crash_at: int | None = None  # this rank dies out of memory at this step
     stall_at: int | None = None  # this rank stops answering at this step
-    pg_timeout_s: float = 30.0
+    pg_timeout_s: float = 20.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

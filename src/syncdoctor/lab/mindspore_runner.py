@@ -1,0 +1,140 @@
+"""Launch one MindSpore lab run through msrun and make sure nothing of it survives.
+
+msrun starts a scheduler and N workers, each running lab/train_mindspore.py PLAN_DIR;
+the workers' stdout lands in OUT/worker_N.log, the scheduler's in OUT/scheduler.log.
+Measured (shared/facts.md): SIGTERM to msrun orphans the workers, SIGINT stops them
+cleanly; so the bound is SIGINT first, then SIGKILL to msrun's process group, then a
+sweep of /proc for any process whose command line names this run's plan directory
+(only those pids, never by name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from syncdoctor.lab.plan import RankPlan
+
+TRAIN_SCRIPT = Path(__file__).with_name("train_mindspore.py")
+SIGINT_GRACE_S = 10.0  # msrun forwards SIGINT to its workers and exits within a few seconds
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def find_msrun(python: str | None = None) -> list[str]:
+    """msrun next to the interpreter that has MindSpore, else on PATH, else `python -m`."""
+    exe = Path(python or sys.executable)
+    candidate = exe.parent / "msrun"
+    if candidate.exists():
+        return [str(candidate)]
+    found = shutil.which("msrun")
+    if found:
+        return [found]
+    return [str(exe), "-m", "mindspore.parallel.cluster.run"]
+
+
+def pids_naming(marker: str) -> list[int]:
+    """Pids of live processes whose command line contains `marker` (the plan directory)."""
+    out = []
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            out.append(int(entry.name))
+    return out
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _sweep(marker: str, deadline_s: float = 5.0) -> list[int]:
+    """SIGKILL every process of this run still alive; returns the pids that had survived."""
+    survivors = pids_naming(marker)
+    for pid in survivors:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and pids_naming(marker):
+        time.sleep(0.1)
+    return survivors
+
+
+def run_mindspore_lab(plans: list[RankPlan], out: Path, timeout_s: float = 180.0,
+                      python: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run one lab job: writes OUT/plans/plan{R}.json, launches msrun, bounds it by
+    timeout_s and returns {"returncode", "duration_s", "logs", "timed_out", "survivors"}.
+    The records land in OUT/records/rank{R}.jsonl, per-rank results in OUT/result{R}.json."""
+    out = Path(out).resolve()
+    plan_dir = out / "plans"
+    plan_dir.mkdir(parents=True, exist_ok=True)
+    for plan in plans:
+        (plan_dir / f"plan{plan.rank}.json").write_text(json.dumps(plan.to_json(), indent=1))
+    world = len(plans)
+    cmd = [*find_msrun(python), f"--worker_num={world}", f"--local_worker_num={world}",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}", f"--log_dir={out}",
+           "--join=True", "--cluster_time_out=60", str(TRAIN_SCRIPT), str(plan_dir)]
+    child_env = dict(os.environ)
+    # msrun starts each worker as a bare `python` found on PATH, not with its own
+    # interpreter (mindspore/parallel/cluster/process_entity/_utils.py): put ours first.
+    bindir = str(Path(python or sys.executable).parent)
+    child_env["PATH"] = bindir + os.pathsep + child_env.get("PATH", "")
+    child_env.update({"OMP_NUM_THREADS": "1", "GLOG_v": child_env.get("GLOG_v", "2"),
+                      "PYTHONUNBUFFERED": "1"})
+    child_env.update(env or {})
+    t0 = time.monotonic()
+    timed_out = False
+    with open(out / "msrun.log", "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=out, stdout=log, stderr=subprocess.STDOUT, env=child_env,
+                                start_new_session=True)  # its own process group: one killpg reaches all
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            # SIGINT to the group: msrun and its workers shut down in order (SIGTERM orphans them).
+            _kill_group(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=SIGINT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+    duration = time.monotonic() - t0
+    # msrun may have exited while a worker it lost track of still runs: reap its group,
+    # then anything else that names our plan directory.
+    _kill_group(proc.pid, signal.SIGKILL)
+    survivors = _sweep(str(plan_dir))
+    logs = sorted(str(p) for p in out.glob("*.log"))
+    result = {"returncode": proc.returncode, "duration_s": round(duration, 2), "logs": logs,
+              "timed_out": timed_out, "survivors": survivors, "framework": "mindspore",
+              "command": cmd}
+    ranks = []
+    for plan in plans:
+        path = out / f"result{plan.rank}.json"
+        try:
+            ranks.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            ranks.append({"rank": plan.rank, "steps": None, "accuracy": None})
+    result["ranks"] = ranks
+    return result

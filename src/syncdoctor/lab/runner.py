@@ -1,0 +1,100 @@
+"""Run one lab experiment: N ranks, one fault, one folder of logs and records."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from syncdoctor.lab.faults import FAULTS, plans_for
+from syncdoctor.lab.launch import free_port, run_ranks
+
+STARTUP_BUDGET_S = 60.0  # interpreter, torch import and process-group rendezvous
+
+
+@dataclass
+class LabResult:
+    fault: str
+    variant: str
+    framework: str
+    world_size: int
+    out: Path
+    exit_codes: list[int | None]
+    timed_out: bool
+    duration_s: float
+    accuracy: dict[int, float] = field(default_factory=dict)
+    steps_done: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and all(code == 0 for code in self.exit_codes)
+
+    def to_json(self) -> dict[str, Any]:
+        fault = FAULTS[self.fault]
+        return {"fault": self.fault, "variant": self.variant, "framework": self.framework,
+                "world_size": self.world_size, "category": fault.category,
+                "ends_in_error": fault.ends_in_error, "exit_codes": self.exit_codes,
+                "timed_out": self.timed_out, "duration_s": round(self.duration_s, 2),
+                "accuracy": {str(k): v for k, v in self.accuracy.items()},
+                "steps_done": {str(k): v for k, v in self.steps_done.items()}}
+
+
+def run_lab(fault: str, *, variant: str = "", world_size: int = 2, steps: int = 150, onset: int = 40,
+            seed: int = 0, out: str | Path | None = None, framework: str = "torch", probe: bool = True,
+            check_every: int | None = None, pg_timeout_s: float = 20.0) -> LabResult:
+    if fault not in FAULTS:
+        raise KeyError(fault)
+    spec = FAULTS[fault]
+    variant = variant or spec.variants[0]
+    if variant not in spec.variants:
+        raise ValueError(f"fault {fault} has variants {', '.join(spec.variants)}, not {variant!r}")
+    if framework not in spec.frameworks:
+        raise ValueError(f"fault {fault} does not exist on {framework}")
+    out = Path(out or f"runs/{fault}{'-' + variant if variant else ''}-w{world_size}-s{seed}")
+    if out.exists():
+        shutil.rmtree(out)  # a run folder holds exactly one run
+    (out / "plans").mkdir(parents=True)
+    plans = plans_for(fault, variant, world_size, steps=steps, onset=onset, seed=seed,
+                      pg_timeout_s=pg_timeout_s)
+    for plan in plans:
+        plan.extra.update({"probe": probe, "check_every": check_every})
+        (out / "plans" / f"plan{plan.rank}.json").write_text(json.dumps(plan.to_json(), indent=1))
+    timeout_s = STARTUP_BUDGET_S + 3 * pg_timeout_s + steps * 0.5 * world_size
+    t0 = time.monotonic()
+    if framework == "mindspore":
+        from syncdoctor.lab.mindspore_runner import run_mindspore_lab
+
+        ms = run_mindspore_lab(plans, out, timeout_s)
+        codes, timed_out = [ms["returncode"]], bool(ms["timed_out"])
+    else:
+        codes, timed_out = _run_torch(plans, out, timeout_s)
+    result = LabResult(fault, variant, framework, world_size, out, codes, timed_out, time.monotonic() - t0)
+    for rank in range(world_size):
+        path = out / f"result{rank}.json"
+        if path.exists():
+            data = json.loads(path.read_text())
+            result.accuracy[rank] = data["accuracy"]
+            result.steps_done[rank] = data["steps"]
+    (out / "lab.json").write_text(json.dumps(result.to_json(), indent=1))
+    return result
+
+
+def _run_torch(plans: list, out: Path, timeout_s: float) -> tuple[list[int | None], bool]:
+    port = free_port()
+    commands, envs, logs = [], [], []
+    for plan in plans:
+        env = dict(os.environ)
+        env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(plan.rank),
+                    "LOCAL_RANK": str(plan.rank), "WORLD_SIZE": str(plan.world_size),
+                    "LOCAL_WORLD_SIZE": str(plan.world_size), "OMP_NUM_THREADS": "1",
+                    "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"})
+        commands.append([sys.executable, "-m", "syncdoctor.lab.train_torch",
+                         str(out / "plans" / f"plan{plan.rank}.json")])
+        envs.append(env)
+        logs.append(out / f"train.log{plan.rank}")
+    return run_ranks(commands, envs, logs, timeout_s)
