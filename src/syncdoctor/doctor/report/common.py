@@ -1,0 +1,171 @@
+"""Helpers every renderer shares: cleaning untrusted text, number formatting,
+verdict wording, event summaries and JSON-safe conversion."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from syncdoctor.doctor.model import Diagnosis, Event, LossShape
+
+# Wording and colour per verdict; rich style names double as CSS class suffixes.
+VERDICT_TEXT = {
+    "healthy": "Healthy: no sign of a sync problem",
+    "sync_problem": "Sync problem: the ranks are not training the same model",
+    "not_sync_problem": "Not a sync problem: the cause lies elsewhere",
+    "inconclusive": "Inconclusive: not enough evidence either way",
+}
+VERDICT_STYLE = {
+    "healthy": "green",
+    "sync_problem": "red",
+    "not_sync_problem": "yellow",
+    "inconclusive": "blue",
+}
+SHAPE_STYLE = {
+    "decreasing": "green",
+    "noise": "green",
+    "flat": "yellow",
+    "plateau_chance": "yellow",
+    "spike": "yellow",
+    "diverging": "red",
+    "sawtooth": "red",
+    "nonfinite": "red",
+    "too_short": "blue",
+}
+
+# Terminal escape sequences a hostile log line may carry: CSI (colours, cursor
+# moves, screen clears), OSC (window titles, hyperlinks, clipboard writes; ended by
+# BEL or ST, or by nothing at all), DCS/SOS/PM/APC strings, and two-byte escapes.
+# The 8-bit C1 forms (0x9b CSI, 0x9d OSC, ...) are covered by the control-character
+# pass that follows.
+_ANSI = re.compile(
+    r"""
+    \x1b\[[0-?]*[ -/]*[@-~]                  # CSI
+  | \x1b\][^\x07\x1b]*(?:\x07|\x1b\\|$)      # OSC
+  | \x1b[PX^_][^\x1b]*(?:\x1b\\|$)           # DCS, SOS, PM, APC
+  | \x1b[ -/]*[0-~]?                         # other escapes, or a lone ESC
+    """,
+    re.VERBOSE,
+)
+# C0 controls except tab/newline, DEL, C1 controls, and the bidi overrides and
+# isolates that can make a line read differently from what it is ("Trojan Source").
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def clean(text: object, oneline: bool = False, limit: int | None = None) -> str:
+    """Untrusted text (log lines, paths, tensor names) made inert for display.
+
+    Removes terminal escape sequences and control characters; ``oneline`` folds
+    line breaks into " ⏎ " for table cells; ``limit`` truncates with an ellipsis.
+    The result still needs markup escaping by the renderer (HTML / rich).
+    """
+    s = "" if text is None else str(text)
+    s = s.replace("\r\n", "\n").replace("\r", "\n")
+    s = _CONTROL.sub("", _ANSI.sub("", s))
+    if oneline:
+        s = " ⏎ ".join(part.strip() for part in s.split("\n") if part.strip())
+    if limit is not None and len(s) > limit:
+        s = s[: max(limit - 1, 0)] + "…"
+    return s
+
+
+def fmt_num(x: float | int | None, digits: int = 4) -> str:
+    """A number for people: None → '—', NaN/inf spelled out, floats to ``digits`` significant."""
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, int):
+        return str(x)
+    xf = float(x)
+    if math.isnan(xf):
+        return "nan"
+    if math.isinf(xf):
+        return "inf" if xf > 0 else "-inf"
+    return f"{xf:.{digits}g}"
+
+
+def fmt_ranks(ranks: Iterable[int], limit: int = 12) -> str:
+    """'0, 1, 5-9' style, shortened after ``limit`` groups."""
+    rs = sorted(set(int(r) for r in ranks))
+    if not rs:
+        return "—"
+    groups: list[str] = []
+    start = prev = rs[0]
+    for r in [*rs[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        groups.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    more = f" (+{len(groups) - limit} more)" if len(groups) > limit else ""
+    return ", ".join(groups[:limit]) + more
+
+
+def shape_line(shape: LossShape) -> str:
+    """'sawtooth (rank 3, 10 points)' — the heading for a loss shape."""
+    who = "all-rank mean" if shape.rank is None else f"rank {shape.rank}"
+    return f"{shape.shape} ({who}, {shape.n_points} points)"
+
+
+@dataclass
+class EventSummary:
+    counts: list[tuple[str, int, int]]  # (kind, total, benign), most frequent first
+    notable: list[Event]  # the first non-benign events, in input order
+    notable_total: int
+
+
+def summarize_events(events: list[Event], limit: int = 10) -> EventSummary:
+    total: Counter[str] = Counter()
+    benign: Counter[str] = Counter()
+    for e in events:
+        total[e.kind] += 1
+        benign[e.kind] += bool(e.benign)
+    notable = [e for e in events if not e.benign]
+    counts = [(k, n, benign[k]) for k, n in sorted(total.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return EventSummary(counts, notable[:limit], len(notable))
+
+
+def shapes_by_rank(diag: Diagnosis) -> dict[int, LossShape]:
+    return {s.rank: s for s in diag.rank_shapes if s.rank is not None}
+
+
+# --- JSON --------------------------------------------------------------------------------------
+
+
+def json_safe(obj: Any) -> Any:
+    """A copy of ``obj`` that strict JSON accepts: NaN/±inf become null.
+
+    Lists of numbers (the big loss/grad-norm series) are checked with numpy so a
+    256-rank × 10k-step diagnosis does not walk 5M floats in Python when they are
+    all finite.
+    """
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        if obj and _all_numbers(obj):
+            try:
+                arr = np.asarray(obj, dtype=float)
+            except (TypeError, ValueError, OverflowError):
+                arr = None
+            if arr is not None and np.isfinite(arr).all():
+                return list(obj)
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def _all_numbers(seq: list | tuple) -> bool:
+    """True for a flat list of numbers or a list of equal-length number lists."""
+    first = seq[0]
+    if isinstance(first, (list, tuple)):
+        return bool(first) and isinstance(first[0], (int, float)) and not isinstance(first[0], bool)
+    return isinstance(first, (int, float)) and not isinstance(first, bool)
