@@ -1,1 +1,8 @@
-"""The preflight part of syncdoctor."""
+"""The preflight part of syncdoctor: checks rank tables, per-rank environments,
+training scripts and code consistency before a data-parallel job starts."""
+
+from syncdoctor.preflight.engine import run_preflight
+from syncdoctor.preflight.model import Check, Hit, PreflightFinding
+from syncdoctor.preflight.registry import all_checks
+
+__all__ = ["Check", "Hit", "PreflightFinding", "all_checks", "run_preflight"]

@@ -1,9 +1,110 @@
-"""Subcommands of the preflight part."""
+"""Subcommands of the preflight part: `syncdoctor preflight`."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+
+from syncdoctor.preflight.model import PreflightFinding
+
+EXIT_CLEAN, EXIT_ERRORS = 0, 1
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # filled in by the preflight work
-    pass
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "preflight",
+        help="check rank tables, environments and training scripts before the job starts",
+        description=(
+            "Check training scripts (*.py), HCCL rank tables (*.json, found by content), "
+            "per-rank environment dumps (*.env, env*.txt) and probe run folders "
+            "(records/rank*.jsonl) for mistakes that break data-parallel training. "
+            "Prints `path:line:col CODE message`; exit 1 when an error-level check fires. "
+            "Suppress one finding with `# noqa: PF3xx` on its line."
+        ),
+    )
+    p.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (default: .)")
+    p.add_argument("--rank-table", metavar="FILE", help="the HCCL rank table the job will use")
+    p.add_argument("--json", action="store_true", help="print the findings as a JSON list")
+    p.add_argument("--select", metavar="CODES", help="comma-separated codes or prefixes to run")
+    p.add_argument("--ignore", metavar="CODES", help="comma-separated codes or prefixes to skip")
+    p.add_argument("--no-environ", action="store_true",
+                   help="do not hold the rank table against this shell's RANK_SIZE")
+    p.add_argument("--manifest", metavar="OUT",
+                   help="write a hash manifest of the code under PATH and the installed packages")
+    p.add_argument("--compare", nargs="+", metavar="MANIFEST",
+                   help="compare manifests written on each node (two or more)")
+    p.add_argument("--list", action="store_true", help="list the preflight checks")
+    p.add_argument("--explain", metavar="CODE", help="print the documentation of one check")
+    p.set_defaults(func=run)
+
+
+def _codes(text: str | None) -> list[str]:
+    return [c.strip() for c in text.split(",") if c.strip()] if text else []
+
+
+def run(args: argparse.Namespace) -> int:
+    from syncdoctor.cli import InputError
+    from syncdoctor.preflight.engine import PreflightInputError, run_preflight
+    from syncdoctor.preflight.manifest import write_manifest
+    from syncdoctor.preflight.registry import all_checks, get_check
+
+    if args.list:
+        for check in all_checks():
+            print(f"{check.code}  {check.severity:<7}  {check.target:<10}  {check.name}")
+        return EXIT_CLEAN
+    if args.explain:
+        check = get_check(args.explain)
+        if check is None:
+            raise InputError(f"unknown preflight code {args.explain!r} (see --list)")
+        print(f"{check.code} {check.name} ({check.severity}, {check.target})\n")
+        print(_dedent_doc(check.__doc__ or ""))
+        return EXIT_CLEAN
+    paths = args.paths or ["."]
+    if args.manifest:
+        missing = [p for p in paths if not os.path.exists(p)]
+        if missing:
+            raise InputError(f"{missing[0]}: no such file or folder")
+        data = write_manifest(args.manifest, paths)
+        print(f"wrote {args.manifest}: {len(data['files'])} files, "
+              f"{len(data['packages'])} packages")
+        return EXIT_CLEAN
+    if args.compare is not None and len(args.compare) < 2:
+        raise InputError("--compare needs at least two manifests")
+    # With --compare alone, only the manifests are checked, not the current folder.
+    if args.compare and not args.paths:
+        paths = []
+    try:
+        findings = run_preflight(
+            paths,
+            args.rank_table,
+            compare=args.compare or (),
+            environ=None if args.no_environ else os.environ,
+            select=_codes(args.select) or None,
+            ignore=_codes(args.ignore),
+        )
+    except PreflightInputError as exc:
+        raise InputError(str(exc)) from None
+    _print(findings, args.json)
+    return EXIT_ERRORS if any(f.severity == "error" for f in findings) else EXIT_CLEAN
+
+
+def _print(findings: list[PreflightFinding], as_json: bool) -> None:
+    if as_json:
+        json.dump([f.to_dict() for f in findings], sys.stdout, indent=1)
+        print()
+        return
+    for f in findings:
+        print(f.render())
+    if findings:
+        counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
+        summary = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n)
+        print(f"Found {len(findings)} problem{'s' if len(findings) != 1 else ''} ({summary}).",
+              file=sys.stderr)
+
+
+def _dedent_doc(doc: str) -> str:
+    import inspect
+
+    return inspect.cleandoc(doc)

@@ -1,0 +1,28 @@
+"""Small helpers several checks share (not checks themselves)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def repeats(items: Iterable[T], key: Callable[[T], Any]) -> Iterator[tuple[T, T, int]]:
+    """(first item, repeating item, count) once per key value that occurs more than
+    once, at its second occurrence; None keys are skipped."""
+    first: dict[Any, T] = {}
+    count: dict[Any, int] = {}
+    for item in items:
+        k = key(item)
+        if k is None:
+            continue
+        count[k] = count.get(k, 0) + 1
+        if k not in first:
+            first[k] = item
+    reported: set[Any] = set()
+    for item in items:
+        k = key(item)
+        if k is not None and count[k] > 1 and first[k] is not item and k not in reported:
+            reported.add(k)
+            yield first[k], item, count[k]
