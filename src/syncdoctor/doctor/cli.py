@@ -1,9 +1,86 @@
-"""Subcommands of the doctor part."""
+"""`syncdoctor diagnose` and `syncdoctor rules`."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+
+from syncdoctor.cli import InputError
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # filled in by the doctor work
-    pass
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("diagnose", help="diagnose a probe run folder and/or raw logs",
+                       description="Read probe records and/or raw logs (per-rank training logs, NCCL, "
+                                   "HCCL/Ascend, MindSpore, torchrun) and rank the likely root causes.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="a probe run folder, log files, or folders of logs")
+    p.add_argument("--json", action="store_true", help="print the diagnosis as JSON on stdout")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+    p.set_defaults(func=cmd_diagnose)
+
+    r = sub.add_parser("rules", help="list the diagnosis rules and preflight checks with their docs")
+    r.add_argument("code", nargs="?", help="show one rule or check in full")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_rules)
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from syncdoctor.doctor.diagnose import diagnose
+    from syncdoctor.doctor.report import render_html, render_json, render_terminal
+
+    diag = diagnose(args.paths)
+    if args.html:
+        path = Path(args.html)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(render_html(diag), encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot write {path}: {exc.strerror}") from exc
+    if args.json:
+        print(render_json(diag))
+    else:
+        render_terminal(diag)
+    if args.html:
+        print(f"HTML report: {Path(args.html).resolve()}", file=sys.stderr if args.json else sys.stdout)
+    return diag.exit_code
+
+
+def all_rule_docs() -> list[dict]:
+    from syncdoctor.doctor.rules import all_rules
+    from syncdoctor.doctor.rules.base import doc_sections
+    from syncdoctor.preflight.registry import all_checks
+
+    docs = [dict(rule.docs(), kind="diagnosis") for rule in all_rules()]
+    for check in all_checks():
+        sections = doc_sections(check.__doc__)
+        docs.append({"code": check.code, "name": check.name, "kind": "preflight", "category": check.target,
+                     "severity": check.severity, "title": sections["summary"], **sections})
+    return docs
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    docs = all_rule_docs()
+    if args.code:
+        docs = [d for d in docs if d["code"].upper() == args.code.upper()]
+        if not docs:
+            raise InputError(f"no rule or check with code {args.code}")
+    if args.json:
+        print(json.dumps(docs, indent=1, ensure_ascii=False))
+        return 0
+    console = Console()
+    if args.code:
+        for key, value in docs[0].items():
+            console.print(f"[bold]{key}[/bold]: ", end="")
+            console.print(str(value), markup=False)
+        return 0
+    table = Table(title="syncdoctor rules (diagnosis SD…, preflight PF…)")
+    for column in ("code", "kind", "category", "severity", "title"):
+        table.add_column(column)
+    for d in docs:
+        table.add_row(d["code"], d["kind"], d["category"], d["severity"], d["title"])
+    console.print(table)
+    return 0

@@ -1,9 +1,157 @@
-"""Subcommands of the lab part."""
+"""`syncdoctor lab …` and `syncdoctor demo`."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+
+from syncdoctor.cli import InputError
+from syncdoctor.lab.faults import FAULTS
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # filled in by the lab work
-    pass
+def register(sub: argparse._SubParsersAction) -> None:
+    lab = sub.add_parser("lab", help="reproduce the playbook's failure modes on real process groups")
+    lab_sub = lab.add_subparsers(dest="lab_command", metavar="LAB_COMMAND")
+    lab.set_defaults(func=lambda args: lab.print_help() or 2)
+
+    ls = lab_sub.add_parser("list", help="list the fault catalog")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_list)
+
+    run = lab_sub.add_parser("run", help="run one fault (or 'clean') on N ranks")
+    run.add_argument("fault", help="a fault name from `syncdoctor lab list`")
+    run.add_argument("--variant", default="", help="the fault's variant, when it has several")
+    _common(run)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--out", help="run folder (default runs/FAULT-wN-sSEED)")
+    run.add_argument("--no-probe", action="store_true", help="run without the probe (logs only)")
+    run.add_argument("--check-every", type=int, help="the probe's check interval K")
+    run.set_defaults(func=cmd_run)
+
+    matrix = lab_sub.add_parser("matrix", help="every fault through lab, probe and doctor: the detection matrix")
+    _common(matrix)
+    matrix.add_argument("--json", action="store_true")
+    matrix.add_argument("--out", default="runs/matrix")
+    matrix.add_argument("--only", nargs="*", help="only these faults")
+    matrix.set_defaults(func=cmd_matrix)
+
+    demo = sub.add_parser("demo", help="the clean baseline and the playbook's headline failure, diagnosed")
+    demo.add_argument("--out", default="runs/demo")
+    demo.add_argument("--world-size", type=int, default=2)
+    demo.set_defaults(func=cmd_demo)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--steps", type=int, default=150, help="optimizer steps (rounded up to whole epochs)")
+    p.add_argument("--onset", type=int, default=40, help="the step at which step-triggered faults act")
+    p.add_argument("--framework", choices=("torch", "mindspore"), default="torch")
+    p.add_argument("--pg-timeout", type=float, default=20.0, help="process-group timeout in seconds")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    rows = [{"name": f.name, "description": f.description, "symptom": f.symptom, "category": f.category,
+             "measured": f.measured, "variants": [v for v in f.variants if v], "frameworks": list(f.frameworks),
+             "ends_in_error": f.ends_in_error} for f in FAULTS.values()]
+    if args.json:
+        print(json.dumps(rows, indent=1, ensure_ascii=False))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="syncdoctor lab faults")
+    for col in ("name", "category", "description", "measured"):
+        table.add_column(col)
+    for r in rows:
+        name = r["name"] + (f" [{'|'.join(r['variants'])}]" if r["variants"] else "")
+        table.add_row(name, r["category"], r["description"], r["measured"])
+    Console().print(table)
+    return 0
+
+
+def _check_fault(name: str) -> None:
+    if name not in FAULTS:
+        raise InputError(f"unknown fault {name!r}; `syncdoctor lab list` shows the catalog")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from syncdoctor.lab.runner import run_lab
+
+    _check_fault(args.fault)
+    try:
+        result = run_lab(args.fault, variant=args.variant, world_size=args.world_size, steps=args.steps,
+                         onset=args.onset, seed=args.seed, out=args.out, framework=args.framework,
+                         probe=not args.no_probe, check_every=args.check_every, pg_timeout_s=args.pg_timeout)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    fault = FAULTS[args.fault]
+    acc = ", ".join(f"rank {r}: {a:.3f}" for r, a in sorted(result.accuracy.items())) or "none (no rank finished)"
+    print(f"lab run {args.fault}{' ' + result.variant if result.variant else ''}: world size {args.world_size}, "
+          f"{result.duration_s:.1f}s, exit codes {result.exit_codes}{' (timed out)' if result.timed_out else ''}")
+    print(f"held-out accuracy: {acc}")
+    print(f"logs and records: {result.out}  →  syncdoctor diagnose {result.out}")
+    if not result.ok and not fault.ends_in_error:
+        return 1
+    return 0
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from syncdoctor.lab.matrix import run_matrix
+
+    console = Console(stderr=args.json)
+
+    def progress(row) -> None:
+        mark = "ok" if row.correct else "WRONG"
+        console.print(f"{row.fault:26} {row.variant:13} seed {row.seed}: {row.top_category:26} {mark} "
+                      f"({row.duration_s}s)", markup=False)
+
+    if args.only:
+        for name in args.only:
+            _check_fault(name)
+    rows = run_matrix(args.out, world_size=args.world_size, framework=args.framework, steps=args.steps,
+                      onset=args.onset, pg_timeout_s=min(args.pg_timeout, 10.0), only=args.only,
+                      progress=progress)
+    if args.json:
+        print(json.dumps([r.to_json() for r in rows], indent=1))
+    else:
+        table = Table(title=f"detection matrix ({args.framework}, world size {args.world_size})")
+        for col in ("fault", "variant", "seed", "detected", "top category", "correct", "onset", "detected at"):
+            table.add_column(col)
+        for r in rows:
+            detected = "—" if r.expected == "healthy" else ("yes" if r.top_category != "healthy" else "no")
+            table.add_row(r.fault, r.variant, str(r.seed), detected, r.top_category, "✓" if r.correct else "✗",
+                          str(r.onset_step or "—"), str(r.detection_step if r.detection_step is not None else "—"))
+        console.print(table)
+        correct = sum(r.correct for r in rows)
+        console.print(f"{correct}/{len(rows)} correct")
+    return 0 if all(r.correct for r in rows) else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from syncdoctor.doctor.diagnose import diagnose
+    from syncdoctor.doctor.report import render_html, render_terminal
+    from syncdoctor.lab.runner import run_lab
+
+    out = Path(args.out)
+    print("syncdoctor demo: two real data-parallel runs over gloo on loopback, then the doctor.\n")
+    worst = 0
+    for fault, title in (("clean", "1/2 the clean baseline"),
+                         ("dropped-rank", "2/2 the playbook's headline failure: after a comm timeout and "
+                                          "retry, one rank is silently left out of the gradient average")):
+        print(f"── {title}", flush=True)
+        result = run_lab(fault, world_size=args.world_size, out=out / fault)
+        print(f"   {result.duration_s:.1f}s, exit codes {result.exit_codes}, held-out accuracy "
+              + ", ".join(f"rank {r}: {a:.3f}" for r, a in sorted(result.accuracy.items())), flush=True)
+        diag = diagnose([result.out])
+        render_terminal(diag)
+        html = out / f"{fault}.html"
+        html.write_text(render_html(diag), encoding="utf-8")
+        print(f"HTML report: {html.resolve()}\n", flush=True)
+        worst = max(worst, 0 if (fault == "clean") == (diag.verdict == "healthy") else 1)
+    sys.stdout.flush()
+    return worst

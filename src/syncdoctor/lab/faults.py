@@ -236,8 +236,7 @@ class LrNotScaled(Fault):
     category = "hparam.lr_scaling"
 
     def apply(self, plan: RankPlan, variant: str) -> None:
-        plan.lr = plan.lr / plan.world_size
-        plan.extra["lr_reference"] = "single-card"
+        plan.lr = plan.base_lr
 
 
 class LrTooHigh(Fault):
@@ -292,6 +291,7 @@ def plans_for(fault_name: str, variant: str, world_size: int, **common: object) 
     plans = []
     for rank in range(world_size):
         plan = RankPlan(rank=rank, world_size=world_size, **common)  # type: ignore[arg-type]
+        plan.lr = plan.base_lr * world_size  # the linear scaling rule for the global batch
         if fault.sync:
             plan.sync = fault.sync
         fault.apply(plan, variant)

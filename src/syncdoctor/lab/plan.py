@@ -20,7 +20,8 @@ class RankPlan:
     seed: int = 0
     sync: str = "ddp"  # "ddp": DistributedDataParallel; "allreduce": hand-written, MindSpore-like (no broadcast at start)
     batch_size: int = 32  # per rank
-    lr: float = 0.05  # for the global batch; the script scales nothing itself
+    base_lr: float = 0.025  # tuned on one card at batch_size
+    lr: float = 0.05  # for the global batch (plans_for scales base_lr linearly); the script scales nothing
     momentum: float = 0.9
     weight_decay: float = 0.0
     # data

@@ -190,9 +190,11 @@ probe = syncdoctor.attach(
     run_dir=run_dir,
     loss_fn=loss_fn,
     loader={"type": "lab", "shuffle": True, "seed": plan.shuffle_seed, "drop_last": plan.drop_last,
-            "num_replicas": world_size, "rank": plan.shard_id if plan.shard_id is not None else rank,
+            "num_replicas": 1 if plan.shard == "none" else world_size,
+            "rank": 0 if plan.shard == "none" else (rank if plan.shard_id is None else plan.shard_id),
             "dataset_len": len(train_ids), "batch_size": plan.batch_size},
     global_batch=plan.batch_size * world_size * plan.accum_steps,
+    baseline={"lr": plan.base_lr, "batch_size": plan.batch_size},  # the single-card recipe
     enabled=plan.extra.get("probe", True),
     check_every=plan.extra.get("check_every"),
     check_timeout_s=plan.pg_timeout_s,

@@ -35,6 +35,9 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
     "loss_scale": pl.Float64(),
     "overflow": pl.Boolean(),
     "train_mode": pl.String(),
+    "opt_steps": pl.Int64(),
+    "grad_fp": pl.Int64(),
+    "ids": pl.List(pl.Int64()),
     "tensor_norms": pl.List(pl.Float64()),
     "tensor_fps": pl.List(pl.Int64()),
 }

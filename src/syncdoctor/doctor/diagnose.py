@@ -1,0 +1,142 @@
+"""From paths (probe run folders, logs, folders of logs) to a ranked Diagnosis."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import polars as pl
+
+from syncdoctor.cli import InputError
+from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.model import Diagnosis, Finding, RankSummary, Verdict
+from syncdoctor.doctor.rules import all_rules
+from syncdoctor.records import RecordError, read_run
+from syncdoctor.records.reader import is_run_dir
+
+# Categories that say "not the collaboration between cards".
+NOT_SYNC = {"healthy", "train.divergence", "hparam.lr_scaling"}
+_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def load_evidence(paths: Sequence[str | Path]) -> Evidence:
+    from syncdoctor.doctor.ingest import ingest_logs
+
+    warnings: list[str] = []
+    records = None
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise InputError(f"{path}: no such file or folder")
+        if path.is_dir() and is_run_dir(path):
+            if records is not None:
+                warnings.append(f"{path}: only the first run folder's records are used")
+                continue
+            try:
+                records = read_run(path)
+            except RecordError as exc:
+                if "schema version" in str(exc):
+                    raise InputError(str(exc)) from exc
+                warnings.append(str(exc))
+    try:
+        logs = ingest_logs([Path(p) for p in paths])
+    except InputError:
+        if records is None:
+            raise
+        logs = None
+    has_logs = logs is not None and (logs.losses.height or logs.events)
+    if records is None and not has_logs:
+        raise InputError("nothing to diagnose: no probe records, no training loss and no events found in "
+                         + ", ".join(map(str, paths)))
+    return Evidence(records=records, logs=logs, warnings=warnings)
+
+
+def run_rules(ev: Evidence) -> list[Finding]:
+    findings = []
+    for rule_cls in all_rules():
+        rule = rule_cls()
+        if not ev.has_records and "logs" not in rule.sources:
+            continue
+        try:
+            finding = rule.evaluate(ev)
+        except Exception as exc:  # one broken rule must not cost the whole diagnosis
+            ev.warnings.append(f"rule {rule.code} failed on this input: {type(exc).__name__}: {exc}")
+            continue
+        if finding is not None:
+            findings.append(finding)
+    return sorted(findings, key=lambda f: (_SEVERITY_ORDER[f.severity], -f.confidence, f.code))
+
+
+def verdict_for(ev: Evidence, findings: list[Finding]) -> Verdict:
+    serious = [f for f in findings if f.severity in ("error", "warning")]
+    if any(f.category not in NOT_SYNC for f in serious):
+        return "sync_problem"
+    if serious:
+        return "not_sync_problem"
+    checked = any(c.get("status") == "ok" for c in ev.checks)
+    several_ranks = len({r for r in ev.losses["rank"].to_list()}) > 1 if ev.losses.height else False
+    if (ev.has_records and (checked or len(ev.ranks) == 1)) or several_ranks:
+        return "healthy"
+    return "inconclusive"
+
+
+def rank_summaries(ev: Evidence) -> list[RankSummary]:
+    out = []
+    stats = {}
+    if ev.losses.height:
+        agg = ev.losses.sort("step").group_by("rank").agg(pl.col("loss").last().alias("last"),
+                                                            pl.col("loss").mean().alias("mean"))
+        stats = {int(r): (last, mean) for r, last, mean in agg.iter_rows() if r is not None}
+    norms = {}
+    if ev.has_records:
+        agg = ev.steps.group_by("rank").agg(pl.col("grad_norm").median())
+        norms = {int(r): n for r, n in agg.iter_rows()}
+    failed = {e.rank for e in ev.events_of("crash", "oom")}
+    expected = range(ev.world_size) if ev.world_size else ev.ranks
+    present = set(ev.ranks)
+    for rank in expected:
+        last, mean = stats.get(rank, (None, None))
+        if rank not in present:
+            status = "missing"
+        elif rank in failed:
+            status = "crashed"
+        elif rank in ev.ended_early:
+            status = "ended early"
+        else:
+            status = "ok"
+        out.append(RankSummary(rank=rank, steps=ev.step_counts.get(rank), last_loss=last, mean_loss=mean,
+                               grad_norm=norms.get(rank), status=status))
+    return out
+
+
+def _series(frame: pl.DataFrame, value: str) -> dict[int, list[list[float]]]:
+    if not frame.height or value not in frame.columns:
+        return {}
+    out = {}
+    for (rank,), part in frame.filter(pl.col(value).is_not_null()).group_by(["rank"]):
+        if rank is not None:
+            out[int(rank)] = [[float(s), float(v)] for s, v in zip(part["step"], part[value], strict=True)]
+    return dict(sorted(out.items()))
+
+
+def diagnose_evidence(ev: Evidence) -> Diagnosis:
+    findings = run_rules(ev)
+    div = ev.divergence
+    return Diagnosis(
+        verdict=verdict_for(ev, findings),
+        loss_shape=ev.mean_shape,
+        findings=findings,
+        rank_shapes=ev.rank_shapes,
+        ranks=rank_summaries(ev),
+        divergence_step=div.step if div else None,
+        events=ev.events,
+        warnings=ev.warnings,
+        sources=sorted({str(p) for p in (ev.logs.files if ev.logs is not None else [])}
+                       | ({str(ev.records.run_dir / "records")} if ev.records is not None else set())),
+        loss_series=_series(ev.losses.sort("rank", "step"), "loss"),
+        grad_norm_series=_series(ev.steps.sort("rank", "step"), "grad_norm") if ev.has_records else {},
+    )
+
+
+def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
+    return diagnose_evidence(load_evidence(paths))

@@ -1,0 +1,419 @@
+"""Everything the rules look at, computed once from probe records and raw logs.
+
+Each analysis is a cached property, so a rule that needs nothing from records costs
+nothing on a logs-only diagnosis, and 256 ranks × 10,000 steps stay columnar
+(polars) from file to finding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import polars as pl
+
+from syncdoctor.doctor.model import Event, LossShape
+from syncdoctor.doctor.shape import classify
+from syncdoctor.records import RunRecords
+
+# Fingerprints that healthy data parallelism keeps bitwise equal across ranks.
+INVARIANTS = ("param_fp", "opt_fp", "grad_fp")
+COUNTERS = ("micro", "backward", "opt_steps")
+FAILURE_KINDS = ("crash", "oom")
+
+
+@dataclass
+class Divergence:
+    """The first step at which replicas stopped being identical."""
+
+    step: int
+    ranks: list[int]
+    what: list[str]  # param, opt, grad, buffer, counter, mode, data
+    tensor: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Offsets:
+    """Persistent per-rank loss offsets against the same-step mean of all ranks."""
+
+    by_rank: dict[int, float]  # mean relative offset
+    t_stat: dict[int, float]
+    spread: float  # median same-step relative spread
+
+
+def majority_outliers(values: dict[int, Any]) -> list[int]:
+    counts = Counter(values.values())
+    top = max(counts.values())
+    ranks = sorted(values)
+    winner = values[ranks[0]] if counts[values[ranks[0]]] == top else next(
+        values[r] for r in ranks if counts[values[r]] == top)
+    return [r for r in ranks if values[r] != winner]
+
+
+class Evidence:
+    def __init__(self, records: RunRecords | None = None, logs: Any = None,
+                 warnings: list[str] | None = None) -> None:
+        self.records = records
+        self.logs = logs
+        self.warnings = list(warnings or [])
+        if records is not None:
+            self.warnings += records.warnings
+        if logs is not None:
+            self.warnings += list(logs.warnings)
+
+    # ------------------------------------------------------------------ basics
+    @cached_property
+    def steps(self) -> pl.DataFrame:
+        return self.records.steps if self.records is not None else pl.DataFrame()
+
+    @property
+    def has_records(self) -> bool:
+        return self.records is not None and self.steps.height > 0
+
+    @cached_property
+    def snapshots(self) -> dict[int, dict[str, Any]]:
+        return self.records.snapshots if self.records is not None else {}
+
+    @cached_property
+    def checks(self) -> list[dict[str, Any]]:
+        return self.records.checks if self.records is not None else []
+
+    @cached_property
+    def ranks(self) -> list[int]:
+        ranks: set[int] = set()
+        if self.records is not None:
+            ranks.update(self.records.ranks)
+        if self.losses.height:
+            ranks.update(r for r in self.losses["rank"].unique().to_list() if r is not None)
+        return sorted(ranks)
+
+    @cached_property
+    def world_size(self) -> int | None:
+        sizes = [s.get("world_size") for s in self.snapshots.values() if s.get("world_size")]
+        if sizes:
+            return max(sizes)
+        return max(self.ranks) + 1 if self.ranks else None
+
+    @cached_property
+    def losses(self) -> pl.DataFrame:
+        """rank, step, loss: probe records first (exact), else parsed logs."""
+        if self.records is not None and self.steps.height and self.steps["loss"].null_count() < self.steps.height:
+            frame = self.steps.select("rank", "step", "loss")
+            nonfinite = self._nonfinite_losses()
+            if nonfinite is not None:
+                frame = pl.concat([frame.filter(pl.col("loss").is_not_null()), nonfinite]).sort("rank", "step")
+            return frame.filter(pl.col("loss").is_not_null())
+        if self.logs is not None and self.logs.losses.height:
+            frame = self.logs.losses.select("rank", "step", "loss")
+            if frame["rank"].null_count() == frame.height:
+                frame = frame.with_columns(pl.lit(0, dtype=pl.Int64).alias("rank"))
+            return (frame.filter(pl.col("rank").is_not_null() & pl.col("step").is_not_null())
+                    .unique(["rank", "step"], keep="last").sort("rank", "step"))
+        return pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "loss": pl.Float64})
+
+    def _nonfinite_losses(self) -> pl.DataFrame | None:
+        return None  # the writer stores NaN/inf as null + "nonfinite"; read as missing for now
+
+    @cached_property
+    def loss_wide(self) -> pl.DataFrame:
+        """step × rank table of losses, only steps every rank reported."""
+        if not self.losses.height:
+            return pl.DataFrame()
+        wide = self.losses.pivot(on="rank", index="step", values="loss", aggregate_function="first")
+        return wide.drop_nulls().sort("step")
+
+    # ------------------------------------------------------------------ loss curves
+    @cached_property
+    def chance_loss(self) -> float | None:
+        return None
+
+    @cached_property
+    def rank_shapes(self) -> list[LossShape]:
+        out = []
+        for (rank,), part in self.losses.group_by(["rank"], maintain_order=True):
+            out.append(classify(part["loss"].to_list(), part["step"].to_list(), rank=int(rank)))
+        return sorted(out, key=lambda s: s.rank if s.rank is not None else -1)
+
+    @cached_property
+    def mean_shape(self) -> LossShape | None:
+        if not self.losses.height:
+            return None
+        mean = self.losses.group_by("step").agg(pl.col("loss").mean()).sort("step")
+        return classify(mean["loss"].to_list(), mean["step"].to_list(), rank=None)
+
+    @cached_property
+    def offsets(self) -> Offsets | None:
+        wide = self.loss_wide
+        if wide.height < 20 or wide.width < 3:
+            return None
+        cols = [c for c in wide.columns if c != "step"]
+        values = wide.select(cols)
+        mean = values.mean_horizontal()
+        rel = values.select([((pl.col(c) - mean) / mean.abs().clip(lower_bound=1e-12)).alias(c) for c in cols])
+        by_rank, t_stat = {}, {}
+        for c in cols:
+            series = rel[c]
+            mu, sd = series.mean() or 0.0, series.std() or 0.0
+            by_rank[int(c)] = float(mu)
+            t_stat[int(c)] = float(mu / (sd / math.sqrt(len(series)))) if sd > 0 else (0.0 if mu == 0 else math.inf)
+        spread = float(rel.select(pl.max_horizontal(cols) - pl.min_horizontal(cols)).to_series().median() or 0.0)
+        return Offsets(by_rank, t_stat, spread)
+
+    @cached_property
+    def identical_loss_groups(self) -> list[list[int]]:
+        """Groups of ranks whose losses are equal at every common step: the same data
+        through the same weights."""
+        wide = self.loss_wide
+        if wide.height < 10 or wide.width < 3:
+            return []
+        cols = [c for c in wide.columns if c != "step"]
+        keys = {int(c): tuple(round(v, 9) for v in wide[c].to_list()) for c in cols}
+        groups: dict[tuple[float, ...], list[int]] = {}
+        for rank, key in keys.items():
+            groups.setdefault(key, []).append(rank)
+        return [sorted(g) for g in groups.values() if len(g) > 1]
+
+    # ------------------------------------------------------------------ replicas
+    @cached_property
+    def divergence(self) -> Divergence | None:
+        """First step where fingerprints or counters part, from the live checks and
+        from the step records (whichever saw it first)."""
+        candidates = []
+        bad = [c for c in self.checks if c.get("status") == "mismatch" and not c.get("detail", {}).get("follow_up")]
+        if bad:
+            first = min(bad, key=lambda c: c["step"])
+            tensor = next((c.get("tensor") for c in sorted(self.checks, key=lambda c: c["step"])
+                           if c.get("status") == "mismatch" and c.get("tensor")), None)
+            candidates.append(Divergence(first["step"], list(first.get("ranks", [])), list(first.get("what", [])),
+                                         tensor, first.get("detail", {})))
+        from_steps = self._divergence_from_steps()
+        if from_steps is not None:
+            if candidates and candidates[0].tensor:
+                from_steps.tensor = candidates[0].tensor
+            candidates.append(from_steps)
+        if not candidates:
+            return None
+        best = min(candidates, key=lambda d: d.step)
+        for other in candidates:  # merge what each source saw at the earliest step
+            if other is not best and other.step == best.step:
+                best.what = sorted(set(best.what) | set(other.what))
+                best.ranks = sorted(set(best.ranks) | set(other.ranks))
+        return best
+
+    def _divergence_from_steps(self) -> Divergence | None:
+        steps = self.steps
+        if not self.has_records or steps["rank"].n_unique() < 2:
+            return None
+        labels = {"param_fp": "param", "opt_fp": "opt", "grad_fp": "grad", "micro": "counter",
+                  "backward": "counter", "opt_steps": "counter"}
+        cols = [c for c in (*INVARIANTS, *COUNTERS) if c in steps.columns]
+        per_step = (steps.group_by("step")
+                    .agg([pl.col(c).drop_nulls().n_unique().alias(c) for c in cols] + [pl.len().alias("n")])
+                    .filter(pl.col("n") > 1).sort("step"))
+        differing = per_step.filter(pl.any_horizontal([pl.col(c) > 1 for c in cols]))
+        if not differing.height:
+            return None
+        step = int(differing["step"][0])
+        row = differing.row(0, named=True)
+        what = sorted({labels[c] for c in cols if row[c] > 1})
+        at = steps.filter(pl.col("step") == step)
+        ranks: set[int] = set()
+        for c in cols:
+            if row[c] > 1:
+                values = {int(r): v for r, v in zip(at["rank"], at[c], strict=True) if v is not None}
+                ranks.update(majority_outliers(values))
+        return Divergence(step, sorted(ranks), what)
+
+    @cached_property
+    def counter_table(self) -> dict[str, dict[int, Any]]:
+        """Counters per rank at the divergence step (or the last common step)."""
+        if not self.has_records:
+            return {}
+        div = self.divergence
+        step = div.step if div else int(self.steps["step"].max())
+        at = self.steps.filter(pl.col("step") == step)
+        return {c: dict(zip(at["rank"].to_list(), at[c].to_list(), strict=True)) for c in COUNTERS if c in at.columns}
+
+    @cached_property
+    def micro_by_rank(self) -> dict[int, int]:
+        """Typical micro-steps per update on each rank (the mode)."""
+        if not self.has_records:
+            return {}
+        modes = self.steps.group_by("rank").agg(pl.col("micro").mode().first().alias("m"))
+        return {int(r): int(m) for r, m in modes.iter_rows() if m is not None}
+
+    @cached_property
+    def unsynced_buffers_differ(self) -> bool:
+        return any(c.get("detail", {}).get("buffers_differ_unsynced") for c in self.checks)
+
+    @cached_property
+    def incomplete_checks(self) -> list[dict[str, Any]]:
+        return [c for c in self.checks if c.get("status") == "incomplete"]
+
+    # ------------------------------------------------------------------ reductions and numerics
+    @cached_property
+    def reduce_excess(self) -> dict[str, float] | None:
+        """Post-reduce norm over the mean local pre-reduce norm, per step. Averaging
+        can never exceed 1 (triangle inequality); a sum of aligned gradients does."""
+        if not self.has_records or "grad_norm_local" not in self.steps.columns:
+            return None
+        rows = self.steps.filter(pl.col("grad_norm_local").is_not_null() & pl.col("grad_norm").is_not_null())
+        if rows.height < 2:
+            return None
+        per_step = rows.group_by("step").agg(pl.col("grad_norm").median().alias("post"),
+                                             pl.col("grad_norm_local").mean().alias("pre"), pl.len().alias("n"))
+        per_step = per_step.filter(pl.col("n") > 1)
+        if not per_step.height:
+            return None
+        ratio = per_step["post"] / per_step["pre"]
+        return {"median": float(ratio.median()), "above_one": float((ratio > 1.05).mean()),
+                "steps": per_step.height}
+
+    @cached_property
+    def unreduced_ranks(self) -> list[int]:
+        """Ranks whose gradients came out of the reduction untouched (ratio exactly 1)
+        while other ranks' were averaged."""
+        if not self.has_records or "reduce_ratio" not in self.steps.columns:
+            return []
+        rows = self.steps.filter(pl.col("reduce_ratio").is_not_null())
+        if rows.height < 2:
+            return []
+        frac = rows.group_by("rank").agg(((pl.col("reduce_ratio") - 1).abs() < 1e-6).mean().alias("f"))
+        return sorted(int(r) for r, f in frac.iter_rows() if f > 0.5)
+
+    @cached_property
+    def overflow_disagreement(self) -> list[tuple[int, list[int]]]:
+        """Steps where some ranks skipped for overflow and others did not."""
+        if not self.has_records or self.steps["overflow"].null_count() == self.steps.height:
+            return []
+        per = (self.steps.filter(pl.col("overflow").is_not_null()).group_by("step")
+               .agg(pl.col("overflow").sum().alias("k"), pl.len().alias("n"),
+                    pl.col("rank").filter(pl.col("overflow")).alias("ranks"))
+               .filter((pl.col("k") > 0) & (pl.col("k") < pl.col("n"))).sort("step"))
+        return [(int(s), sorted(r)) for s, r in zip(per["step"], per["ranks"], strict=True)]
+
+    @cached_property
+    def overflow_steps(self) -> int:
+        if not self.has_records:
+            return 0
+        return int(self.steps["overflow"].fill_null(False).sum())
+
+    # ------------------------------------------------------------------ data
+    @cached_property
+    def duplicate_batches(self) -> tuple[float, list[list[int]]]:
+        """Fraction of steps where two ranks consumed identical batches, and which ranks."""
+        if not self.has_records or self.steps["data_fp"].null_count() == self.steps.height:
+            return 0.0, []
+        rows = self.steps.filter(pl.col("data_fp").is_not_null())
+        dup = rows.group_by("step", "data_fp").agg(pl.col("rank")).filter(pl.col("rank").list.len() > 1)
+        n_steps = rows["step"].n_unique()
+        if not dup.height:
+            return 0.0, []
+        groups = Counter(tuple(sorted(g)) for g in dup["rank"].to_list())
+        return dup["step"].n_unique() / max(1, n_steps), [list(g) for g, _ in groups.most_common(4)]
+
+    @cached_property
+    def epoch_steps(self) -> int | None:
+        """Steps per epoch from the loader snapshot (dataset length / global batch)."""
+        for snap in self.snapshots.values():
+            loader = snap.get("loader") or {}
+            n, bs = loader.get("dataset_len"), loader.get("batch_size")
+            replicas = loader.get("num_replicas") or snap.get("world_size") or 1
+            if n and bs:
+                return max(1, int(n // (bs * replicas)))
+        return None
+
+    @cached_property
+    def sample_overlap(self) -> dict[str, float] | None:
+        """Within the first epoch: how many sample ids two ranks both consumed
+        (disjoint under correct sharding), and whether each rank reads the same
+        fixed subset epoch after epoch (shuffle after shard)."""
+        if not self.has_records or "ids" not in self.steps.columns or self.steps["ids"].null_count() == self.steps.height:
+            return None
+        window = self.epoch_steps
+        if not window:
+            return None
+        ids = self.steps.filter(pl.col("ids").is_not_null()).select("rank", "step", "ids")
+        first = ids.filter(pl.col("step") <= window)
+        second = ids.filter((pl.col("step") > window) & (pl.col("step") <= 2 * window))
+        per_rank = {int(r): set(g["ids"].explode().to_list()) for (r,), g in first.group_by(["rank"])}
+        if len(per_rank) < 2:
+            return None
+        total = sum(len(s) for s in per_rank.values())
+        union = set().union(*per_rank.values())
+        cross_overlap = 1 - len(union) / total if total else 0.0
+        same_subset = []
+        for (r,), g in second.group_by(["rank"]):
+            later = set(g["ids"].explode().to_list())
+            earlier = per_rank.get(int(r), set())
+            if later and earlier:
+                same_subset.append(len(later & earlier) / len(later | earlier))
+        return {"cross_overlap": cross_overlap,
+                "same_subset": min(same_subset) if same_subset else 0.0,
+                "coverage": len(union)}
+
+    @cached_property
+    def step_counts(self) -> dict[int, int]:
+        if self.has_records:
+            agg = self.steps.group_by("rank").agg(pl.col("step").max())
+            return {int(r): int(s) for r, s in agg.iter_rows()}
+        if self.losses.height:
+            agg = self.losses.group_by("rank").agg(pl.col("step").max())
+            return {int(r): int(s) for r, s in agg.iter_rows() if r is not None}
+        return {}
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot_values(self, *path: str) -> dict[int, Any]:
+        out = {}
+        for rank, snap in self.snapshots.items():
+            value: Any = snap
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else None
+            out[rank] = value
+        return out
+
+    def differing(self, *path: str) -> dict[int, Any] | None:
+        values = self.snapshot_values(*path)
+        if len(values) < 2:
+            return None
+        keys = {repr(v) for v in values.values()}
+        return values if len(keys) > 1 else None
+
+    # ------------------------------------------------------------------ events
+    @cached_property
+    def events(self) -> list[Event]:
+        events: list[Event] = list(self.logs.events) if self.logs is not None else []
+        if self.records is not None:
+            for e in self.records.events:
+                events.append(Event(kind=str(e.get("event", "info")), raw=str(e.get("message", "")),
+                                    source=f"records/rank{e.get('rank')}.jsonl", rank=e.get("rank"),
+                                    t=e.get("t"), step=e.get("step")))
+        return events
+
+    @cached_property
+    def real_events(self) -> list[Event]:
+        return [e for e in self.events if not e.benign and e.kind != "info"]
+
+    def events_of(self, *kinds: str) -> list[Event]:
+        return [e for e in self.real_events if e.kind in kinds]
+
+    @cached_property
+    def first_failure(self) -> Event | None:
+        """The earliest crash or out-of-memory: the rank that started it, not the
+        ranks that then lost their peer."""
+        failures = self.events_of(*FAILURE_KINDS)
+        if not failures:
+            return None
+        timed = [e for e in failures if e.t is not None]
+        return min(timed, key=lambda e: e.t) if timed else failures[0]
+
+    @cached_property
+    def ended_early(self) -> list[int]:
+        """Ranks whose records stop without an end record (killed, crashed)."""
+        if self.records is None:
+            return []
+        return sorted(r for r in self.records.ranks if r not in self.records.ends)

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from collections import defaultdict
+
+from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+
+# (variable, whether it is only unique per host)
+_IDENTITY_VARS = (("RANK", False), ("RANK_ID", False), ("LOCAL_RANK", True))
+
+
+class DuplicateRankIdentity(Rule):
+    """Two processes believe they are the same rank.
+
+    **Symptom:** two ranks read identical batches and report identical losses; one
+    shard of the data is never seen (forum answer, 环境与配置: RANK_ID/DEVICE_ID唯一性).
+
+    **Cause:** a rank id copied between hosts or launch scripts (RANK_ID, RANK,
+    the sampler's rank), so sharding gives two processes the same shard.
+
+    **Quick check:** print RANK/RANK_ID/DEVICE_ID and the sampler's rank on every process at start.
+
+    **Fix:** derive every rank id from the launcher (torchrun's RANK, msrun's RANK_ID)
+    and pass `rank=dist.get_rank()` / `shard_id=get_rank()` to the sampler.
+    """
+
+    code = "SD201"
+    name = "duplicate-rank-identity"
+    category = "config.rank_identity"
+    title = "Two processes took the same rank id"
+    fix = "Take rank ids from the launcher only (RANK / RANK_ID), never from copied config; shard with num_shards=world_size, shard_id=get_rank()."
+    sources = ("records", "logs")
+
+    def evaluate(self, ev: Evidence) -> Finding | None:
+        evidence: list[str] = []
+        ranks: set[int] = set()
+        confidence = 0.0
+        for var, per_host in _IDENTITY_VARS:
+            seen: dict[tuple[str, str], list[int]] = defaultdict(list)
+            for rank, snap in ev.snapshots.items():
+                value = (snap.get("env") or {}).get(var)
+                if value is not None:
+                    seen[(snap.get("host", "") if per_host else "", value)].append(rank)
+            for (_, value), owners in seen.items():
+                if len(owners) > 1:
+                    evidence.append(f"{var}={value} on {fmt_ranks(owners)}")
+                    ranks.update(owners)
+                    confidence = max(confidence, 0.95)
+        loader = ev.snapshot_values("loader")
+        shard_ids: dict[int, list[int]] = defaultdict(list)
+        for rank, info in loader.items():
+            if info and (info.get("num_replicas") or 1) > 1 and info.get("rank") is not None:
+                shard_ids[int(info["rank"])].append(rank)
+        for shard, owners in shard_ids.items():
+            if len(owners) > 1:
+                evidence.append(f"the sampler/shard rank is {shard} on {fmt_ranks(owners)}")
+                ranks.update(owners)
+                confidence = max(confidence, 0.9)
+        fraction, groups = ev.duplicate_batches
+        partial = [g for g in groups if ev.world_size and len(g) < ev.world_size]
+        if fraction > 0.5 and (partial or confidence):
+            group = partial[0] if partial else groups[0]
+            evidence.append(f"{fmt_ranks(group)} consumed identical batches at {fraction:.0%} of steps")
+            ranks.update(group)
+            confidence = max(confidence, 0.8 if partial else 0.6)
+        if not ev.has_records:
+            for group in ev.identical_loss_groups:
+                evidence.append(f"{fmt_ranks(group)} report identical losses at every common step "
+                                "(same data through the same weights)")
+                ranks.update(group)
+                whole = ev.world_size is not None and len(group) == ev.world_size
+                confidence = max(confidence, 0.55 if whole else 0.75)
+        if not confidence:
+            return None
+        return self.found(confidence, evidence, ranks=sorted(ranks))

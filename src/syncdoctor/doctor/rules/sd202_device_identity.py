@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from collections import defaultdict
+
+from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+
+_DEVICE_WORDS = ("already in use", "is busy", "device busy", "invalid device", "no cuda gpus",
+                 "device_id", "device id")
+
+
+class DeviceCollision(Rule):
+    """Two ranks on one host drive the same device.
+
+    **Symptom:** start-up errors such as "device already in use", or two ranks on
+    one host sharing one card and running at half speed (forum: DEVICE_ID唯一性, npu-smi).
+
+    **Cause:** DEVICE_ID / LOCAL_RANK / CUDA_VISIBLE_DEVICES copied between processes
+    instead of derived from the local rank.
+
+    **Quick check:** `npu-smi info` / `nvidia-smi` during start-up; print DEVICE_ID per process.
+
+    **Fix:** set the device from the local rank: `torch.cuda.set_device(local_rank)`,
+    `ms.set_context(device_id=int(os.environ["DEVICE_ID"]))` with unique DEVICE_IDs per host.
+    """
+
+    code = "SD202"
+    name = "device-collision"
+    category = "env.device"
+    title = "Two ranks use the same device"
+    fix = "Derive the device from the local rank (LOCAL_RANK / DEVICE_ID unique per host); check the rank table's device_id entries."
+    sources = ("records", "logs")
+
+    def evaluate(self, ev: Evidence) -> Finding | None:
+        evidence: list[str] = []
+        ranks: set[int] = set()
+        for var in ("DEVICE_ID", "CUDA_VISIBLE_DEVICES", "ASCEND_DEVICE_ID"):
+            seen: dict[tuple[str, str], list[int]] = defaultdict(list)
+            for rank, snap in ev.snapshots.items():
+                value = (snap.get("env") or {}).get(var)
+                # A whole device list visible to every rank is normal; one device each must differ.
+                if value is not None and "," not in value:
+                    seen[(snap.get("host", ""), value)].append(rank)
+            for (host, value), owners in seen.items():
+                if len(owners) > 1:
+                    evidence.append(f"{var}={value} on {fmt_ranks(owners)} of host {host or '?'}")
+                    ranks.update(owners)
+        for event in ev.events_of("configuration"):
+            if any(word in event.raw.lower() for word in _DEVICE_WORDS):
+                evidence.append(f"{event.source}:{event.line}: {event.raw[:200]}")
+                if event.rank is not None:
+                    ranks.add(event.rank)
+        if not evidence:
+            return None
+        return self.found(0.85, evidence[:8], ranks=sorted(ranks))

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.rules.base import Rule
+
+
+class UnseededShuffle(Rule):
+    """Ranks shuffle with different random states, so their shards overlap.
+
+    **Symptom:** each rank's batches look normal, but within one epoch ranks read
+    some of the same samples and never read others (playbook §3.1 and §4.1).
+
+    **Cause:** the shuffle before sharding is not seeded identically on every rank
+    (no `ds.config.set_seed` / sampler seed, or a per-rank seed), so every rank
+    shards a different permutation.
+
+    **Quick check:** log the first sample ids of each rank's first batch; under a
+    common seed the ranks' shards are disjoint.
+
+    **Fix:** seed the shuffle identically on every rank (`ds.config.set_seed(s)`,
+    `DistributedSampler(seed=s)` plus `set_epoch`), then shard.
+    """
+
+    code = "SD301"
+    name = "unseeded-shuffle"
+    category = "data.seed"
+    title = "Shards overlap: ranks shuffle with different seeds"
+    fix = "Use one seed on every rank for the shuffle that precedes sharding (ms.set_seed + ds.config.set_seed, or DistributedSampler(seed=...) with set_epoch)."
+
+    def evaluate(self, ev: Evidence) -> Finding | None:
+        overlap = ev.sample_overlap
+        fraction, _ = ev.duplicate_batches
+        if overlap is None or fraction > 0.5 or overlap["cross_overlap"] < 0.02:
+            return None
+        evidence = [f"within the first epoch {overlap['cross_overlap']:.1%} of the samples read were also "
+                    f"read by another rank (0% under a common shuffle); {overlap['coverage']} distinct samples seen"]
+        seeds = ev.differing("loader", "seed")
+        if seeds:
+            evidence.append("loader seeds differ: " + ", ".join(f"rank {r}: {v}" for r, v in sorted(seeds.items())))
+        elif any(v is None for v in ev.snapshot_values("loader", "seed").values()):
+            evidence.append("the loader reports no shuffle seed")
+        return self.found(0.85, evidence, ranks=ev.ranks)

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import polars as pl
+
+from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+
+
+class UnevenShards(Rule):
+    """Ranks get different numbers of samples, so they run different numbers of steps.
+
+    **Symptom:** partial last batches on some ranks, the job hangs or fails at an
+    epoch end with a collective timeout or "connection closed" while other ranks
+    finished (playbook §4.3, quick reference: "对比各卡total_steps").
+
+    **Cause:** shards of unequal size without `drop_remainder=True` / `drop_last=True`
+    (or file-level sharding with files of different sizes).
+
+    **Quick check:** print `dataset.get_dataset_size()` / `len(loader)` on every rank.
+
+    **Fix:** `drop_remainder=True` (MindSpore) / `drop_last=True` (DistributedSampler
+    and DataLoader), or pad shards to equal size.
+    """
+
+    code = "SD304"
+    name = "uneven-shards"
+    category = "data.sharding"
+    title = "Uneven shards: ranks run different step counts"
+    fix = "Make every rank run the same number of steps: drop_remainder=True / drop_last=True, or pad the shards to equal length."
+    sources = ("records", "logs")
+
+    def evaluate(self, ev: Evidence) -> Finding | None:
+        evidence: list[str] = []
+        ranks: set[int] = set()
+        confidence = 0.0
+        if ev.has_records and "samples" in ev.steps.columns:
+            # Per micro-step, so that a rank merging two micro-steps into one update is not "uneven".
+            per_micro = (ev.steps.filter(pl.col("samples").is_not_null() & (pl.col("micro") > 0))
+                         .with_columns((pl.col("samples") / pl.col("micro")).alias("per_micro")))
+            per_step = (per_micro.group_by("step")
+                        .agg(pl.col("per_micro").n_unique().alias("k"), pl.col("per_micro").min().alias("lo"),
+                             pl.col("per_micro").max().alias("hi")).filter(pl.col("k") > 1).sort("step"))
+            if per_step.height:
+                row = per_step.row(0, named=True)
+                evidence.append(f"ranks consumed different batch sizes at {per_step.height} steps "
+                                f"(first at step {row['step']}: {row['lo']:g} vs {row['hi']:g} samples)")
+                confidence = 0.6
+        counts = ev.step_counts
+        # A crash or a skipped update also leaves ranks at different counts; those have their own rules.
+        explained = ev.first_failure is not None or (ev.divergence is not None and "counter" in ev.divergence.what)
+        if not explained and len(counts) > 1 and len(set(counts.values())) > 1:
+            lo, hi = min(counts.values()), max(counts.values())
+            short = [r for r, n in counts.items() if n == lo]
+            evidence.append(f"ranks ran different step counts: {lo} on {fmt_ranks(short)} vs up to {hi}")
+            ranks.update(short)
+            confidence = max(confidence, 0.7)
+        drop = {(info or {}).get("drop_last") for info in ev.snapshot_values("loader").values()}
+        if False in drop and evidence:
+            evidence.append("the loader does not drop the last partial batch (drop_last=False)")
+            confidence += 0.15
+        finished = [r for r, end in (ev.records.ends.items() if ev.records else []) if end.get("status") == "ok"]
+        stuck = ev.ended_early or [c.get("rank") for c in ev.incomplete_checks]
+        if evidence and finished and stuck:
+            evidence.append(f"{fmt_ranks(finished)} finished while {fmt_ranks(set(stuck))} waited on a collective "
+                            "nobody else made")
+            ranks.update(int(r) for r in stuck if r is not None)
+            confidence += 0.1
+        if not confidence:
+            return None
+        return self.found(confidence, evidence, ranks=sorted(ranks))

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+
+
+class IncompleteReduce(Rule):
+    """The gradient average left a rank out: reduced gradients differ across ranks.
+
+    **Symptom:** no error, the loss drifts or jumps on some ranks after a
+    communication timeout/retry; replicas part silently (playbook §2.3, forum:
+    "parameter gradient mismatch").
+
+    **Cause:** the all-reduce ran over an incomplete group (a rank marked
+    unavailable after a retry, a wrong group or world size), so the ranks apply
+    different "averages" and the left-out rank trains alone.
+
+    **Quick check:** fingerprint the gradients right after the all-reduce on every rank;
+    they must be bitwise equal.
+
+    **Fix:** fail fast instead of continuing after a communication error (NCCL/HCCL
+    async error handling, a finite timeout), restart from the last checkpoint, and
+    fix the link (network, driver/firmware).
+    """
+
+    code = "SD401"
+    name = "incomplete-reduce"
+    category = "sync.incomplete_reduce"
+    title = "Gradient all-reduce incomplete: ranks apply different gradients"
+    fix = "Make communication errors fatal (e.g. TORCH_NCCL_ASYNC_ERROR_HANDLING=1, HCCL_EXEC_TIMEOUT), restart from the last checkpoint, and fix the failing link."
+
+    def evaluate(self, ev: Evidence) -> Finding | None:
+        div = ev.divergence
+        if div is None or "grad" not in div.what or "counter" in div.what or "mode" in div.what:
+            return None
+        if ev.overflow_disagreement:
+            return None  # a rank zeroed its overflowed gradients: the overflow rule owns it
+        evidence = [f"reduced gradients differ across ranks from step {div.step}: {fmt_ranks(div.ranks)} "
+                    "out of step with the others while step counters agree"]
+        if div.tensor:
+            evidence.append(f"first differing tensor: {div.tensor}")
+        if ev.unreduced_ranks:
+            evidence.append(f"{fmt_ranks(ev.unreduced_ranks)}: post-reduce gradient norm equals the local one "
+                            "(ratio 1.0): its gradients were not averaged with anyone")
+        comm = [e for e in ev.events_of("retry", "timeout", "watchdog", "network")
+                if e.step is None or e.step <= div.step]
+        for event in comm[:3]:
+            evidence.append(f"before the divergence: {event.source}:{event.line}: {event.raw[:160]}")
+        return self.found(0.9, evidence, ranks=div.ranks, step=div.step, tensor=div.tensor)

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.rules.base import Rule
+
+
+class StepMisalignment(Rule):
+    """Ranks are not on the same step: update or accumulation counters differ.
+
+    **Symptom:** no error; replicas part after one rank skipped or repeated an
+    update, or ran one micro-step more per accumulation cycle; the job may hang at
+    the end waiting for a collective the others never make (playbook §2.2 third
+    node, §4.3).
+
+    **Cause:** a rank-dependent path around `optimizer.step()` or the
+    accumulation counter (data length differs, an off-by-one `(i+1) % N`, a
+    per-rank overflow skip), so ranks do not execute the same step semantics.
+
+    **Quick check:** log micro-steps per update and optimizer-step counts per rank.
+
+    **Fix:** make every rank run the same number of micro-steps and updates
+    (equal shard sizes with drop_remainder, one accumulation counter derived from
+    the global step, no rank-dependent step/skip logic).
+    """
+
+    code = "SD402"
+    name = "step-misalignment"
+    category = "sync.step_misalignment"
+    title = "Step counters differ across ranks"
+    fix = "Give every rank the same number of micro-steps and optimizer steps: derive accumulation from the global step, equal shards with drop_remainder, no rank-dependent optimizer.step()."
+
+    def evaluate(self, ev: Evidence) -> Finding | None:
+        div = ev.divergence
+        micro = ev.micro_by_rank
+        uneven_micro = len(set(micro.values())) > 1
+        if not (div and "counter" in div.what) and not uneven_micro:
+            return None
+        evidence = []
+        ranks = set(div.ranks if div else [])
+        step = div.step if div else None
+        if div and "counter" in div.what:
+            table = ev.counter_table
+            parts = [f"{name} " + "/".join(str(table[name].get(r)) for r in sorted(table[name]))
+                     for name in ("micro", "backward", "opt_steps") if name in table and len(set(table[name].values())) > 1]
+            evidence.append(f"at step {div.step} counters differ across ranks {sorted(table.get('micro', {}))}: " + "; ".join(parts))
+        if uneven_micro:
+            common = max(set(micro.values()), key=list(micro.values()).count)
+            odd = [r for r, m in micro.items() if m != common]
+            evidence.append(f"micro-steps per update: {common} on most ranks, "
+                            + ", ".join(f"{micro[r]} on rank {r}" for r in odd))
+            ranks.update(odd)
+        if div and {"param", "opt"} & set(div.what):
+            evidence.append(f"parameters/optimizer state part at step {div.step}")
+        elif div:
+            evidence.append("parameters stay identical: the extra work is silent (only counters reveal it)")
+        confidence = 0.6 if ev.overflow_disagreement else 0.9
+        return self.found(confidence, evidence, ranks=sorted(ranks), step=step, tensor=div.tensor if div else None)

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import polars as pl
+
+from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.rules.base import Rule
+
+
+class ModeMismatch(Rule):
+    """Ranks run the model in different train/eval modes.
+
+    **Symptom:** one rank's loss is persistently lower or higher than the others';
+    BatchNorm statistics and dropout behave differently per rank (forum:
+    `net.set_train(True)`).
+
+    **Cause:** `model.train()` / `net.set_train()` missing or called on some ranks
+    only (often after an evaluation that ran on rank 0 alone).
+
+    **Quick check:** log `model.training` (and BN/dropout modules' modes) on every rank each epoch.
+
+    **Fix:** call `model.train()` / `net.set_train(True)` on every rank before
+    training and after every evaluation.
+    """
+
+    code = "SD502"
+    name = "mode-mismatch"
+    category = "model.mode_mismatch"
+    title = "Train/eval mode differs across ranks"
+    fix = "Call model.train() / net.set_train(True) on every rank before training and after each evaluation."
+
+    def evaluate(self, ev: Evidence) -> Finding | None:
+        div = ev.divergence
+        if not ev.has_records or "train_mode" not in ev.steps.columns:
+            return None
+        modes = ev.steps.filter(pl.col("train_mode").is_not_null())
+        per_step = modes.group_by("step").agg(pl.col("train_mode").n_unique().alias("k")).filter(pl.col("k") > 1)
+        if not per_step.height and not (div and "mode" in div.what):
+            return None
+        step = int(per_step["step"].min()) if per_step.height else div.step  # type: ignore[union-attr]
+        at = modes.filter(pl.col("step") == step)
+        values = dict(zip(at["rank"].to_list(), at["train_mode"].to_list(), strict=True))
+        common = max(set(values.values()), key=list(values.values()).count)
+        odd = sorted(r for r, v in values.items() if v != common)
+        return self.found(0.95, [
+            f"modules in train mode at step {step}: " + ", ".join(f"rank {r}: {v}" for r, v in sorted(values.items())),
+        ], ranks=odd, step=step)

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+
+OFFSET_T = 8.0  # |t| of a rank's mean offset that chance alone does not give over ~100 steps
+OFFSET_MIN = 0.03  # and at least 3% of the loss level
+
+
+class LossDefinitionMismatch(Rule):
+    """Ranks compute different losses: loss code or hyperparameters differ.
+
+    **Symptom:** per-rank losses sit at persistent offsets from each other while
+    the gradients are averaged normally; looks like a comm fault (playbook §3.5,
+    ASL with margin 0.05 on some cards and 0.1 on others).
+
+    **Cause:** different loss implementations or settings per rank — a code
+    package updated on some nodes only, rank-dependent config, a different mask.
+
+    **Quick check:** print the loss module's hyperparameters and the code version on every rank.
+
+    **Fix:** deploy one code package to every node and build the loss from one config.
+    """
+
+    code = "SD701"
+    name = "loss-definition-mismatch"
+    category = "loss.definition_mismatch"
+    title = "Loss function differs across ranks"
+    fix = "Deploy the same code to every node and build the loss from the same config on every rank (compare loss hyperparameters and code hashes across ranks)."
+    sources = ("records", "logs")
+
+    def evaluate(self, ev: Evidence) -> Finding | None:
+        params = ev.differing("loss", "params") or ev.differing("loss", "type")
+        if params:
+            keys = sorted({k for v in params.values() if isinstance(v, dict) for k in v})
+            changed = [k for k in keys if len({repr((params[r] or {}).get(k)) for r in params}) > 1] if keys else []
+            detail = ", ".join(f"{k}: " + "/".join(str((params[r] or {}).get(k)) for r in sorted(params))
+                               for k in changed) or "type differs"
+            values = {r: repr(v) for r, v in params.items()}
+            common = max(set(values.values()), key=list(values.values()).count)
+            return self.found(0.95, [f"loss settings differ across ranks {sorted(params)}: {detail}"],
+                              ranks=sorted(r for r, v in values.items() if v != common))
+        offsets = ev.offsets
+        if offsets is None:
+            return None
+        if ev.divergence is not None and ({"mode", "param", "counter"} & set(ev.divergence.what)):
+            return None  # parted replicas or modes explain offsets better
+        odd = [r for r, t in offsets.t_stat.items() if abs(t) > OFFSET_T and abs(offsets.by_rank[r]) > OFFSET_MIN]
+        if not odd or len(odd) == len(offsets.by_rank) and len(odd) > 2:
+            return None
+        evidence = ["persistent loss offsets against the same-step mean: "
+                    + ", ".join(f"rank {r}: {offsets.by_rank[r]:+.1%} (t={offsets.t_stat[r]:.0f})" for r in sorted(odd)),
+                    f"same-step spread is {offsets.spread:.1%} of the loss; ranks on different data scatter "
+                    "around the mean instead"]
+        if ev.has_records and ev.divergence is None:
+            evidence.append("replicas stayed identical: the difference is in how the loss is computed")
+        return self.found(0.8 if ev.has_records else 0.65, evidence, ranks=sorted(odd),
+                          title=f"Loss computed differently on {fmt_ranks(odd)}")

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+
+
+class OverflowDisagreement(Rule):
+    """Mixed precision: ranks disagree on overflow, or fp16 overflows constantly.
+
+    **Symptom:** some ranks skip an update for inf/nan gradients while others
+    apply it; replicas part from that step (forum: 混合精度下的梯度溢出, LossScale).
+
+    **Cause:** the overflow check runs on local gradients before the reduction (or
+    the found-inf flag is not all-reduced), so the skip decision is per rank; or
+    fp16 is used without a loss scaler.
+
+    **Quick check:** log the overflow flag and loss scale on every rank each step.
+
+    **Fix:** decide overflow from the reduced gradients or all-reduce the found-inf
+    flag (GradScaler under DDP, `ms.amp.all_finite` + DynamicLossScaler on the
+    reduced grads); use a dynamic loss scaler with fp16.
+    """
+
+    code = "SD901"
+    name = "overflow-disagreement"
+    category = "numeric.overflow"
+    title = "Ranks disagree on gradient overflow"
+    fix = "Take the overflow/skip decision on the reduced gradients or all-reduce the found-inf flag; use a dynamic loss scaler for fp16."
+
+    def evaluate(self, ev: Evidence) -> Finding | None:
+        disagree = ev.overflow_disagreement
+        if disagree:
+            step, ranks = disagree[0]
+            evidence = [f"at step {step} {fmt_ranks(ranks)} skipped the update for overflow and the others did not"
+                        f" ({len(disagree)} such steps)"]
+            div = ev.divergence
+            if div and div.step >= step:
+                evidence.append(f"replicas part at step {div.step}, after the first disagreement")
+            return self.found(0.95, evidence, ranks=ranks, step=step)
+        steps = ev.steps.height if ev.has_records else 0
+        if steps and ev.overflow_steps > 0.2 * steps / max(1, len(ev.ranks)):
+            return self.found(0.5, [f"{ev.overflow_steps} overflow skips over {steps} rank-steps"],
+                              ranks=ev.ranks, severity="warning", title="Frequent fp16 overflow")
+        return None

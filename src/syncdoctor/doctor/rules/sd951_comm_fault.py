@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+
+
+class CommunicationFault(Rule):
+    """Collectives time out or the links between ranks fail.
+
+    **Symptom:** watchdog/collective timeouts, "connection closed/reset", NCCL/HCCL
+    network errors — the job stops, or worse, retries and carries on (playbook
+    §2.3 and §3.4: search for timeout, retry, watchdog).
+
+    **Cause:** a rank stalled (slow storage, a deadlock, a long evaluation on one
+    rank), the network or driver failed, or a peer died first (then see the crash
+    finding).
+
+    **Quick check:** find the first rank whose log stops or errors; compare
+    timestamps of the first timeout on every rank.
+
+    **Fix:** find the stalled rank (its last log line), move rank-0-only work out of
+    the collective path, raise the timeout only for known-long phases, check the
+    network/driver; restart from a checkpoint.
+    """
+
+    code = "SD951"
+    name = "communication-fault"
+    category = "comm.fault"
+    title = "Collective communication failed or timed out"
+    fix = "Find the rank that stalled or lost its link (the first timeout/last log line), fix it (storage, rank-0-only work, network, driver), and restart from the last checkpoint."
+    sources = ("records", "logs")
+
+    def evaluate(self, ev: Evidence) -> Finding | None:
+        # A timeout that was retried and "succeeded" is a retry: the job went on.
+        hard = [e for e in ev.events_of("timeout", "watchdog", "network") if "retry" not in e.raw.lower()]
+        retries = [e for e in ev.events_of("retry", "timeout") if "retry" in e.raw.lower()]
+        if not hard and not retries:
+            return None
+        if hard:
+            first = min(hard, key=lambda e: (e.t is None, e.t or 0))
+            ranks = sorted({e.rank for e in hard if e.rank is not None})
+            silent = self._silent_ranks(ev, ranks)
+            evidence = [f"{len(hard)} timeout/network events on {fmt_ranks(ranks) if ranks else 'unknown ranks'}; "
+                        f"first: {first.source}:{first.line}: {first.raw[:180]}"]
+            if silent:
+                evidence.append(f"{fmt_ranks(silent)} reported no communication error: the stalled peer the others waited for")
+            confidence = 0.8
+            if ev.first_failure is not None:
+                confidence = 0.45  # a peer crashed first: the timeouts are its consequence
+                evidence.append(f"but {ev.first_failure.source} shows a {ev.first_failure.kind} first")
+            return self.found(confidence, evidence, ranks=silent or ranks, step=first.step)
+        return self.found(0.4, [f"{e.source}:{e.line}: {e.raw[:180]}" for e in retries[:3]]
+                          + ["a retry that 'succeeds' may have left a rank out of the average; compare replicas"],
+                          ranks=sorted({e.rank for e in retries if e.rank is not None}), step=retries[0].step,
+                          severity="warning", title="Communication retries")
+
+    @staticmethod
+    def _silent_ranks(ev: Evidence, complaining: list[int]) -> list[int]:
+        known = set(ev.ranks)
+        if not complaining or len(known) < 2:
+            return []
+        return sorted(known - set(complaining))

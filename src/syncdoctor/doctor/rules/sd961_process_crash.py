@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+
+_PEER_LOSS = ("connection closed", "connection reset", "broken pipe", "peer", "timed out", "timeout")
+
+
+class ProcessCrash(Rule):
+    """A rank died; the others then failed waiting for it.
+
+    **Symptom:** one rank's log ends with a traceback (out of memory, an exception,
+    a signal); every other rank fails later with timeouts or "connection closed"
+    errors that blame the network (forum: 部分进程异常退出; check every train.log).
+
+    **Cause:** the first failing rank's own error — OOM, a bug on a rank-specific
+    path, a killed process — not the communication library.
+
+    **Quick check:** sort the ranks' last error lines by time; the earliest that is
+    not a communication error is the cause.
+
+    **Fix:** fix the first failing rank's error (memory: smaller batch or
+    activation checkpointing; the traceback's exception otherwise).
+    """
+
+    code = "SD961"
+    name = "process-crash"
+    category = "process.crash"
+    title = "A rank crashed and took the job down"
+    fix = "Fix the first failing rank's own error (for OOM: reduce batch size/activation memory); the other ranks' communication errors are its consequence."
+    sources = ("records", "logs")
+
+    def evaluate(self, ev: Evidence) -> Finding | None:
+        first = ev.first_failure
+        if first is None:
+            early = [r for r in ev.ended_early if r not in {e.rank for e in ev.real_events}]
+            if ev.records is not None and early and len(early) < len(ev.ranks):
+                return self.found(0.55, [f"{fmt_ranks(early)} stopped writing records without an end record "
+                                         "and left no error (killed: SIGKILL, OOM killer?)"], ranks=early,
+                                  step=min(int(ev.step_counts.get(r, 0)) for r in early))
+            return None
+        own_error = not any(w in first.raw.lower() for w in _PEER_LOSS)
+        confidence = 0.9 if first.kind == "oom" else (0.75 if own_error else 0.4)
+        evidence = [f"first failure: rank {first.rank if first.rank is not None else '?'}: "
+                    f"{first.source}:{first.line}: {first.raw[:200]}"]
+        others = [e for e in ev.events_of("timeout", "network", "watchdog") if e.rank != first.rank]
+        if others:
+            evidence.append(f"then {len(others)} communication errors on "
+                            f"{fmt_ranks({e.rank for e in others if e.rank is not None}) or 'other ranks'}: consequences, not causes")
+        return self.found(confidence, evidence, ranks=[first.rank] if first.rank is not None else [],
+                          step=first.step)
