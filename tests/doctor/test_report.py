@@ -6,7 +6,6 @@ import gc
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -96,7 +95,7 @@ def test_clean_and_formatting_helpers():
 
 def test_json_is_strict_stable_and_nan_safe():
     diag = hostile_diagnosis()
-    text = render_json(diag)
+    text = render_json(diag, include_series=True)
     data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict constant {c}"))
     assert data["schema"] == DIAGNOSIS_SCHEMA
     assert list(data)[:3] == ["schema", "verdict", "loss_shape"]
@@ -108,7 +107,7 @@ def test_json_is_strict_stable_and_nan_safe():
     assert data["loss_series"]["1"][30] == [30.0, None]
     assert data["findings"][1]["confidence"] is None
     assert list(data["loss_series"]) == ["0", "1", "2", "3"]
-    assert render_json(diag) == text  # deterministic
+    assert render_json(diag, include_series=True) == text  # deterministic
 
 
 def test_json_orders_series_by_rank_number():
@@ -118,7 +117,7 @@ def test_json_orders_series_by_rank_number():
         loss_series={10: [[0, 1.0]], 2: [[0, 1.0]]},
         findings=[Finding("X", "healthy", "info", 0.5, "t")],
     )
-    assert list(json.loads(render_json(diag))["loss_series"]) == ["2", "10"]
+    assert list(json.loads(render_json(diag, include_series=True))["loss_series"]) == ["2", "10"]
 
 
 def test_downsample_keeps_spikes_and_gaps():
@@ -135,16 +134,14 @@ def test_downsample_keeps_spikes_and_gaps():
     assert np.all(np.diff(xs) >= 0)
 
 
-def test_big_html_report_is_fast_and_small():
+def test_big_html_report_stays_small():
+    # Speed is measured in benchmarks/bench_doctor.py; this checks the downsampling.
     gc.disable()  # building 5M Python floats for the fixture is GC-bound, not our code
     try:
         diag = big_diagnosis(256, 10_000)
     finally:
         gc.enable()
-    start = time.perf_counter()
     page = render_html(diag)
-    elapsed = time.perf_counter() - start
     size = len(page.encode("utf-8"))
-    assert elapsed < 8, f"render took {elapsed:.1f} s"
     assert size < 15_000_000, f"{size / 1e6:.1f} MB"
     assert page.count("* plotly.js v") == 1  # embedded once, not per chart

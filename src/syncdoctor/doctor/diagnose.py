@@ -109,14 +109,27 @@ def rank_summaries(ev: Evidence) -> list[RankSummary]:
     return out
 
 
+SERIES_POINTS = 2000  # per rank, for the plots: each bucket keeps its min and max, so spikes survive
+
+
 def _series(frame: pl.DataFrame, value: str) -> dict[int, list[list[float]]]:
     if not frame.height or value not in frame.columns:
         return {}
-    out = {}
-    for (rank,), part in frame.filter(pl.col(value).is_not_null()).group_by(["rank"]):
-        if rank is not None:
-            out[int(rank)] = [[float(s), float(v)] for s, v in zip(part["step"], part[value], strict=True)]
-    return dict(sorted(out.items()))
+    frame = frame.filter(pl.col(value).is_not_null() & pl.col("rank").is_not_null())
+    if not frame.height:
+        return {}
+    width = max(1, -(-int(frame["step"].max() - frame["step"].min() + 1) // (SERIES_POINTS // 2)))
+    # Per (rank, bucket): the points holding the bucket's minimum and maximum.
+    lo = pl.col(value).arg_min()
+    hi = pl.col(value).arg_max()
+    bucketed = (frame.with_columns((pl.col("step") // width).alias("_b"))
+                .group_by("rank", "_b")
+                .agg(pl.concat_list(pl.col("step").get(lo), pl.col("step").get(hi)).alias("s"),
+                     pl.concat_list(pl.col(value).get(lo), pl.col(value).get(hi)).alias("v"))
+                .explode("s", "v").unique(["rank", "s"]).sort("rank", "s")
+                .group_by("rank", maintain_order=True).agg("s", "v"))
+    return {int(rank): [[float(a), float(b)] for a, b in zip(steps, values, strict=True)]
+            for rank, steps, values in bucketed.iter_rows()}
 
 
 def diagnose_evidence(ev: Evidence) -> Diagnosis:

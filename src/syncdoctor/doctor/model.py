@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
 Verdict = Literal["healthy", "sync_problem", "not_sync_problem", "inconclusive"]
@@ -99,14 +99,23 @@ class Diagnosis:
     events: list[Event] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # input problems, partial data
     sources: list[str] = field(default_factory=list)
-    # Series for plots: {rank: [[step, value], ...]}
+    # Series for plots, at most SERIES_POINTS per rank: {rank: [[step, value], ...]}
     loss_series: dict[int, list[list[float]]] = field(default_factory=dict)
     grad_norm_series: dict[int, list[list[float]]] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        out = {"schema": DIAGNOSIS_SCHEMA, **asdict(self)}
-        out["loss_series"] = {str(k): v for k, v in self.loss_series.items()}
-        out["grad_norm_series"] = {str(k): v for k, v in self.grad_norm_series.items()}
+    def to_json(self, include_series: bool = False) -> dict[str, Any]:
+        """The JSON form; plot series only on request (they dominate its size)."""
+        series = ("loss_series", "grad_norm_series")
+        out: dict[str, Any] = {"schema": DIAGNOSIS_SCHEMA}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in series:
+                if include_series:
+                    out[f.name] = {str(k): v for k, v in value.items()}
+            elif isinstance(value, list):
+                out[f.name] = [asdict(v) if is_dataclass(v) else v for v in value]
+            else:
+                out[f.name] = asdict(value) if is_dataclass(value) else value
         return out
 
     @property

@@ -8,7 +8,7 @@ from syncdoctor.doctor.model import Diagnosis
 from syncdoctor.doctor.report.common import json_safe
 
 
-def render_json(diag: Diagnosis, indent: int | None = 2) -> str:
+def render_json(diag: Diagnosis, indent: int | None = 2, include_series: bool = False) -> str:
     """``diag.to_json()`` as strict JSON text.
 
     NaN and ±inf (a loss that blew up) become ``null`` because strict parsers
@@ -17,9 +17,10 @@ def render_json(diag: Diagnosis, indent: int | None = 2) -> str:
     and the per-rank series are ordered by rank number, so two runs over the same
     input give byte-identical output.
     """
-    data = diag.to_json()
+    data = diag.to_json(include_series=include_series)
     for key in ("loss_series", "grad_norm_series"):
-        data[key] = {k: data[key][k] for k in sorted(data[key], key=_rank_key)}
+        if key in data:
+            data[key] = {k: data[key][k] for k in sorted(data[key], key=_rank_key)}
     return json.dumps(json_safe(data), indent=indent, ensure_ascii=False, allow_nan=False)
 
 
