@@ -82,27 +82,28 @@ def _sweep(marker: str, deadline_s: float = 5.0) -> list[int]:
     return survivors
 
 
-def run_mindspore_lab(plans: list[RankPlan], out: Path, timeout_s: float = 180.0,
-                      python: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run one lab job: writes OUT/plans/plan{R}.json, launches msrun, bounds it by
-    timeout_s and returns {"returncode", "duration_s", "logs", "timed_out", "survivors"}.
-    The records land in OUT/records/rank{R}.jsonl, per-rank results in OUT/result{R}.json."""
+def run_msrun(script: str | Path, args: list[str], out: Path, world: int, timeout_s: float,
+              *, marker: str, python: str | None = None, env: dict[str, str] | None = None,
+              comm_timeout_s: float = 20.0) -> dict[str, Any]:
+    """msrun SCRIPT ARGS with N local workers, logs in OUT; bounded by timeout_s, and
+    afterwards no process whose command line contains `marker` survives."""
     out = Path(out).resolve()
-    plan_dir = out / "plans"
-    plan_dir.mkdir(parents=True, exist_ok=True)
-    for plan in plans:
-        (plan_dir / f"plan{plan.rank}.json").write_text(json.dumps(plan.to_json(), indent=1))
-    world = len(plans)
+    out.mkdir(parents=True, exist_ok=True)
     cmd = [*find_msrun(python), f"--worker_num={world}", f"--local_worker_num={world}",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", f"--log_dir={out}",
-           "--join=True", "--cluster_time_out=60", str(TRAIN_SCRIPT), str(plan_dir)]
+           "--join=True", "--cluster_time_out=60", str(script), *args]
     child_env = dict(os.environ)
     # msrun starts each worker as a bare `python` found on PATH, not with its own
     # interpreter (mindspore/parallel/cluster/process_entity/_utils.py): put ours first.
     bindir = str(Path(python or sys.executable).parent)
     child_env["PATH"] = bindir + os.pathsep + child_env.get("PATH", "")
+    # The collective timeout maps onto MindSpore's CPU ones: how long a collective waits
+    # for a peer, and how soon the scheduler declares a silent node dead. With the
+    # defaults a lost peer costs ≈30 s; the variables exist in 2.10's libmindspore_cluster.
+    timeout = str(max(8, int(comm_timeout_s)))
     child_env.update({"OMP_NUM_THREADS": "1", "GLOG_v": child_env.get("GLOG_v", "2"),
-                      "PYTHONUNBUFFERED": "1"})
+                      "PYTHONUNBUFFERED": "1", "MS_CPU_COMM_OP_TIMEOUT": timeout,
+                      "MS_NODE_TIMEOUT": timeout})
     child_env.update(env or {})
     t0 = time.monotonic()
     timed_out = False
@@ -122,18 +123,30 @@ def run_mindspore_lab(plans: list[RankPlan], out: Path, timeout_s: float = 180.0
                 proc.wait()
     duration = time.monotonic() - t0
     # msrun may have exited while a worker it lost track of still runs: reap its group,
-    # then anything else that names our plan directory.
+    # then anything else that names this run.
     _kill_group(proc.pid, signal.SIGKILL)
-    survivors = _sweep(str(plan_dir))
-    logs = sorted(str(p) for p in out.glob("*.log"))
-    result = {"returncode": proc.returncode, "duration_s": round(duration, 2), "logs": logs,
-              "timed_out": timed_out, "survivors": survivors, "framework": "mindspore",
-              "command": cmd}
+    survivors = _sweep(marker)
+    return {"returncode": proc.returncode, "duration_s": round(duration, 2),
+            "logs": sorted(str(p) for p in out.glob("*.log")), "timed_out": timed_out,
+            "survivors": survivors, "framework": "mindspore", "command": cmd}
+
+
+def run_mindspore_lab(plans: list[RankPlan], out: Path, timeout_s: float = 180.0,
+                      python: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run one lab job: writes OUT/plans/plan{R}.json, launches msrun, bounds it by
+    timeout_s and returns {"returncode", "duration_s", "logs", "timed_out", "survivors",
+    "ranks"}. Records land in OUT/records/rank{R}.jsonl, per-rank results in OUT/result{R}.json."""
+    out = Path(out).resolve()
+    plan_dir = out / "plans"
+    plan_dir.mkdir(parents=True, exist_ok=True)
+    for plan in plans:
+        (plan_dir / f"plan{plan.rank}.json").write_text(json.dumps(plan.to_json(), indent=1))
+    result = run_msrun(TRAIN_SCRIPT, [str(plan_dir)], out, len(plans), timeout_s, marker=str(plan_dir),
+                       python=python, env=env, comm_timeout_s=plans[0].pg_timeout_s)
     ranks = []
     for plan in plans:
-        path = out / f"result{plan.rank}.json"
         try:
-            ranks.append(json.loads(path.read_text()))
+            ranks.append(json.loads((out / f"result{plan.rank}.json").read_text()))
         except (OSError, ValueError):
             ranks.append({"rank": plan.rank, "steps": None, "accuracy": None})
     result["ranks"] = ranks

@@ -148,9 +148,9 @@ dataset = dataset.batch(plan.batch_size, drop_remainder=plan.drop_last)
 # one step: value_and_grad, accumulation, the reduction, loss scaling, the update
 loss_scaler = None
 if plan.loss_scale != "none":
-    # MindSpore's DynamicLossScaleManager defaults, with a short window so the scale
+    # DynamicLossScaleManager's defaults (2**24, ×2), with a short window so the scale
     # grows back during a lab run. DynamicLossScaleManager in Model is unsupported on CPU.
-    loss_scaler = ms.amp.DynamicLossScaler(scale_value=2.0**16, scale_factor=2, scale_window=50)
+    loss_scaler = ms.amp.DynamicLossScaler(scale_value=2.0**24, scale_factor=2, scale_window=20)
 
 
 def forward(x: ms.Tensor, y: ms.Tensor, scale: ms.Tensor) -> ms.Tensor:
@@ -254,8 +254,11 @@ print(f"training: epochs={epochs} steps_per_epoch~{clean_batches} lr={plan.lr} "
 net.set_train(plan.train_mode)  # mode-mismatch: this rank forgot set_train (dropout off, BN frozen)
 iterator = dataset.create_tuple_iterator(num_epochs=epochs, output_numpy=True)
 t0 = time.time()
+first_epoch_ids: list[int] = []
 for epoch in range(1, epochs + 1):
     todo = list(iterator)  # one epoch of this rank's batches: (image, label, idx)
+    if epoch == 1:  # kept for the lab's own checks of overlap and coverage
+        first_epoch_ids = [int(i) for b in todo for i in b[2]]
     in_epoch = 0
     while True:
         if plan.crash_at == step + 1:
@@ -265,7 +268,9 @@ for epoch in range(1, epochs + 1):
             print("waiting for data from storage", flush=True)
             time.sleep(2 * plan.pg_timeout_s + 5)
         if plan.momentum_override_at == step + 1:
-            optimizer.momentum.set_data(ms.Tensor(plan.momentum_override, ms.float32))
+            # ops.assign, not set_data: after the optimizer's first (jit-compiled) call,
+            # set_data changes what asnumpy() shows but not what the update uses (measured).
+            ops.assign(optimizer.momentum, ms.Tensor(plan.momentum_override, ms.float32))
         if plan.extra_micro == "extra_update" and step + 1 == plan.extra_micro_at and todo:
             # The fault: this rank closes an accumulation cycle early, after one synced
             # micro-step: one all-reduce and one update more than the other ranks.
@@ -290,5 +295,6 @@ net.set_train(False)
 predictions = net(ms.Tensor(images[test_ids])).asnumpy().argmax(1)
 accuracy = float((predictions == labels[test_ids]).mean())
 print(f"finished: steps={step} held-out accuracy {accuracy:.4f} time {time.time() - t0:.1f}s", flush=True)
-(run_dir / f"result{rank}.json").write_text(json.dumps({"rank": rank, "steps": step, "accuracy": accuracy}))
+(run_dir / f"result{rank}.json").write_text(json.dumps({"rank": rank, "steps": step, "accuracy": accuracy,
+                                                           "epoch1_ids": first_epoch_ids}))
 probe.close()

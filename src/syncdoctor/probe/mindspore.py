@@ -443,17 +443,18 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
     def on_train_begin(self, run_context: Any) -> None:
         try:
             cb = run_context.original_args()
-            network = cb.get("network") if hasattr(cb, "get") else getattr(cb, "network", None)
-            # The train network wraps the user's net (TrainOneStepCell(WithLossCell(net, loss))).
-            loss_fn = _find_loss(network)
-            scaler = getattr(cb, "loss_scale_mananger", None) or getattr(cb, "loss_scale_manager", None)
-            dataset = getattr(cb, "train_dataset", None)
+            network = _cb_get(cb, "network")
+            # cb_params.network is the user's net (measured, 2.10); the loss is beside it.
+            loss_fn = _cb_get(cb, "loss_fn") or _find_loss(network)
+            # MindSpore spells it "loss_scale_mananger" (sic) in 2.10.
+            scaler = _cb_get(cb, "loss_scale_mananger") or _cb_get(cb, "loss_scale_manager")
+            dataset = _cb_get(cb, "train_dataset")
             batch = None
             try:
                 batch = int(dataset.get_batch_size()) * rank_and_size()[1]
             except Exception:
                 pass
-            self.probe = MindSporeProbe(network, getattr(cb, "optimizer", None), self.run_dir,
+            self.probe = MindSporeProbe(network, _cb_get(cb, "optimizer"), self.run_dir,
                                         loss_fn=loss_fn, dataset=dataset, loss_scaler=scaler,
                                         global_batch=batch, check_every=self.check_every,
                                         on_mismatch=self.on_mismatch,
@@ -466,7 +467,7 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
             return
         try:
             cb = run_context.original_args()
-            out = getattr(cb, "net_outputs", None)
+            out = _cb_get(cb, "net_outputs")
             overflow, scale = None, None
             if isinstance(out, (tuple, list)) and len(out) >= 3:  # (loss, overflow, scale)
                 overflow, scale = bool(_float(out[1])), _float(out[2])
@@ -478,12 +479,14 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
         if self.probe is not None:
             self.probe.close()
 
-    def on_train_begin_fallback(self) -> None:  # pragma: no cover - documentation only
-        """MindSpore calls `begin`/`step_end`/`end` on old versions; the aliases below cover them."""
 
-    begin = on_train_begin
-    step_end = on_train_step_end
-    end = on_train_end
+
+def _cb_get(cb: Any, key: str) -> Any:
+    """cb_params is a dict whose missing attributes raise KeyError, not AttributeError."""
+    try:
+        return cb.get(key) if hasattr(cb, "get") else getattr(cb, key, None)
+    except Exception:
+        return None
 
 
 def _find_loss(network: Any) -> Any:
