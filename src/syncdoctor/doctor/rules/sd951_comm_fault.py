@@ -5,6 +5,11 @@ from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule, fmt_ranks
 
 
+def _is_retry(raw: str) -> bool:
+    text = raw.lower()
+    return "retry" in text or "reconnect" in text
+
+
 class CommunicationFault(Rule):
     """Collectives time out or the links between ranks fail.
 
@@ -32,9 +37,12 @@ class CommunicationFault(Rule):
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        # A timeout that was retried and "succeeded" is a retry: the job went on.
-        hard = [e for e in ev.events_of("timeout", "watchdog", "network") if "retry" not in e.raw.lower()]
-        retries = [e for e in ev.events_of("retry", "timeout") if "retry" in e.raw.lower()]
+        # A timeout that was retried or reconnected is a retry: the job went on.
+        hard = [e for e in ev.events_of("timeout", "watchdog", "network") if not _is_retry(e.raw)]
+        retries = [e for e in ev.events_of("retry", "timeout", "network") if _is_retry(e.raw)]
+        if hard and ev.records is not None and ev.records.ends and all(
+                end.get("status") == "ok" for end in ev.records.ends.values()) and not ev.ended_early:
+            retries, hard = hard + retries, []  # every rank finished: they did not stop the job
         if not hard and not retries:
             return None
         if hard:
@@ -50,10 +58,12 @@ class CommunicationFault(Rule):
                 confidence = 0.45  # a peer crashed first: the timeouts are its consequence
                 evidence.append(f"but {ev.first_failure.source} shows a {ev.first_failure.kind} first")
             return self.found(confidence, evidence, ranks=silent or ranks, step=first.step)
-        return self.found(0.4, [f"{e.source}:{e.line}: {e.raw[:180]}" for e in retries[:3]]
-                          + ["a retry that 'succeeds' may have left a rank out of the average; compare replicas"],
+        return self.found(0.3, [f"{len(retries)} retries/reconnects; first: {retries[0].source}:{retries[0].line}: "
+                                f"{retries[0].raw[:180]}",
+                                "a retry that 'succeeds' may have left a rank out of the average; compare replicas"],
                           ranks=sorted({e.rank for e in retries if e.rank is not None}), step=retries[0].step,
-                          severity="warning", title="Communication retries")
+                          # Retries matter when replicas part; in a healthy run they are a note.
+                          severity="warning" if ev.divergence else "info", title="Communication retries")
 
     @staticmethod
     def _silent_ranks(ev: Evidence, complaining: list[int]) -> list[int]:
