@@ -1,0 +1,505 @@
+"""Reading raw logs into per-rank loss series and communication/process events."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import zlib
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+import numpy as np
+import polars as pl
+
+from syncdoctor.doctor.ingest import events as ev
+from syncdoctor.doctor.ingest.fields import detect_srun_labels, parse_time, strip_prefixes
+from syncdoctor.doctor.ingest.files import SNIFF_BYTES, LogFile, discover, looks_binary, open_binary
+from syncdoctor.doctor.ingest.losses import LossParser, LossPoint, global_steps
+from syncdoctor.doctor.ingest.scan import MAX_LINE_BYTES, Chunk, TolerantStream, iter_chunks
+from syncdoctor.doctor.model import Event
+
+# Python regexes look at no more than this much of one line (or of one "\r"
+# segment of a progress-bar line): bounded work per line whatever the input.
+PARSE_CHARS = 8192
+RAW_CHARS = 2000  # Event.raw keeps this much of a line
+EVENTS_HEAD = 200  # per (kind, rank, benign): the first ones ...
+EVENTS_TAIL = 50  # ... and the last ones, which hold the end of a run
+TRAINER_STATE_MAX_BYTES = 256 << 20
+
+LOSS_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int64(),
+    "step": pl.Int64(),
+    "loss": pl.Float64(),
+    "epoch": pl.Float64(),
+    "lr": pl.Float64(),
+    "grad_norm": pl.Float64(),
+    "source": pl.String(),
+    "line": pl.Int64(),
+    "acc": pl.Float64(),
+}
+# Columns used while reading, dropped from the result.
+_WORK_SCHEMA: dict[str, pl.DataType] = {
+    **LOSS_SCHEMA,
+    "step_total": pl.Int64(),
+    "_t": pl.Float64(),
+    "_file": pl.Int64(),
+}
+
+
+@dataclass
+class LogData:
+    """What the logs hold, for the doctor's analyses.
+
+    ``losses``: one row per printed training loss, columns rank (null when no rank
+    could be told), step (global, monotonically increasing per rank and file when
+    the log restarts its counter each epoch), loss (NaN/inf kept), epoch, lr,
+    grad_norm, source, line, acc.
+    ``events``: communication and process events in file order (files in the
+    order of ``files``, lines ascending); sort by ``Event.t`` where set to get the
+    cluster-wide order (needed to find the first failing rank: msrun's scheduler
+    names the node it killed, not the one that died).
+    """
+
+    losses: pl.DataFrame
+    events: list[Event] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    formats: dict[str, str] = field(default_factory=dict)
+
+
+class _EventStore:
+    """Keeps the first EVENTS_HEAD and last EVENTS_TAIL events of each
+    (kind, rank, benign), so a flood (NCCL retries, a watchdog per collective)
+    cannot exhaust memory; what was dropped is counted."""
+
+    def __init__(self) -> None:
+        self.head: dict[tuple[str, int | None, bool], list[tuple[int, int, Event]]] = {}
+        self.tail: dict[tuple[str, int | None, bool], deque[tuple[int, int, Event]]] = {}
+        self.total: Counter[tuple[str, int | None, bool]] = Counter()
+
+    def add(self, file_index: int, event: Event) -> None:
+        key = (event.kind, event.rank, event.benign)
+        self.total[key] += 1
+        item = (file_index, event.line or 0, event)
+        head = self.head.setdefault(key, [])
+        if len(head) < EVENTS_HEAD:
+            head.append(item)
+        else:
+            self.tail.setdefault(key, deque(maxlen=EVENTS_TAIL)).append(item)
+
+    def events(self) -> list[tuple[int, Event]]:
+        items = [it for h in self.head.values() for it in h] + [
+            it for t in self.tail.values() for it in t
+        ]
+        items.sort(key=lambda it: (it[0], it[1]))
+        return [(f, e) for f, _, e in items]
+
+    def dropped(self) -> list[str]:
+        out = []
+        for (kind, rank, benign), n in sorted(self.total.items(), key=lambda kv: str(kv[0])):
+            kept = len(self.head.get((kind, rank, benign), ())) + len(
+                self.tail.get((kind, rank, benign), ())
+            )
+            if n > kept:
+                who = "unknown rank" if rank is None else f"rank {rank}"
+                what = f"benign {kind}" if benign else kind
+                out.append(
+                    f"{n - kept} more {what} events of {who} not kept "
+                    f"(the first {EVENTS_HEAD} and last {EVENTS_TAIL} of {n} are)"
+                )
+        return out
+
+
+class _FileReader:
+    """Reads one log file: loss rows into small frames, events into the store."""
+
+    def __init__(self, log: LogFile, index: int, store: _EventStore, warnings: list[str]) -> None:
+        self.log = log
+        self.index = index
+        self.store = store
+        self.warnings = warnings
+        self.frames: list[pl.DataFrame] = []
+        self.rows: list[tuple[object, ...]] = []  # in _WORK_SCHEMA column order
+        self.lines_read = 0
+        self.parser = LossParser()
+        self.formats: Counter[str] = Counter()
+        self.n_events = 0
+        self.year_hint: int | None = None
+        self.srun_labels = False
+        self.consumed: set[int] = set()
+        self.timed_shapes: dict[str, bool] = {}  # loss-line shape -> carries a timestamp
+
+    # -- reading ----------------------------------------------------------------------
+    def read(self) -> bool:
+        """Read the file; False when it was skipped (binary)."""
+        try:
+            self.year_hint = time.gmtime(os.stat(self.log.path).st_mtime).tm_year
+        except OSError:
+            self.year_hint = None
+        with open_binary(self.log.path) as stream:
+            head = stream.read(SNIFF_BYTES)
+            if not head:
+                self.warnings.append(f"{self.log.source}: empty file")
+                return True
+            if looks_binary(head):
+                if not self.log.explicit:
+                    self.warnings.append(f"{self.log.source}: skipped, looks binary")
+                    return False
+                self.warnings.append(f"{self.log.source}: looks binary; read anyway as text")
+            stream.seek(0)
+            source = TolerantStream(stream) if self.log.compressed else stream
+            first = True
+            for chunk in iter_chunks(source):
+                if first:
+                    self.srun_labels = detect_srun_labels(chunk.frame["l"].head(200).to_list())
+                    first = False
+                self._chunk(chunk)
+                self.lines_read = chunk.first_line + chunk.n_lines - 1
+                self.warnings.extend(
+                    f"{self.log.source}:{line}: line longer than {MAX_LINE_BYTES >> 20} MiB; only its start was read"
+                    for line in chunk.long_lines
+                )
+                self._flush()
+            if isinstance(source, TolerantStream) and source.error is not None:
+                self.warnings.append(
+                    f"{self.log.source}: truncated or corrupt compressed log, read up to line "
+                    f"{self.lines_read} ({source.error})"
+                )
+        return True
+
+    def _chunk(self, chunk: Chunk) -> None:
+        for line_no, text, eventish in zip(chunk.lines, chunk.texts, chunk.eventish, strict=True):
+            if not text or line_no in self.consumed:
+                continue
+            line = text[:PARSE_CHARS]
+            prefix = strip_prefixes(line, self.srun_labels)
+            body = prefix.body
+            low = body.lower()
+            t: float | None = None
+            if "loss" in low or "step" in low:
+                points = self._loss_points(text, body)
+                if points:
+                    t = self._loss_time(body)
+                    for point in points:
+                        self._add_loss(point, prefix.rank, line_no, t)
+            if eventish:
+                match = ev.classify(body, low)
+                if match is not None and match.rule.kind is not None:
+                    if t is None:
+                        t = self._time(body)
+                    self._add_event(match, chunk, line_no, text, prefix.rank, prefix.host, t)
+
+    def _loss_points(self, text: str, body: str) -> list[LossPoint]:
+        if "\r" not in text:
+            return self.parser.parse(body)
+        # tqdm/Keras redraw with "\r": one line holds many updates.
+        points: list[LossPoint] = []
+        for segment in text.split("\r"):
+            for point in self.parser.parse(segment[:PARSE_CHARS]):
+                if not points or (points[-1].step, points[-1].loss) != (point.step, point.loss):
+                    points.append(point)
+        return points
+
+    def _loss_time(self, body: str) -> float | None:
+        # Loss lines of one shape either all carry a timestamp or none does: look
+        # for one only in shapes that had one the first time.
+        shape = self.parser.last_shape
+        timed = self.timed_shapes.get(shape)
+        if timed is False:
+            return None
+        t = self._time(body)
+        if timed is None and len(self.timed_shapes) < 4096:
+            self.timed_shapes[shape] = t is not None
+        return t
+
+    def _time(self, body: str) -> float | None:
+        t, year = parse_time(body, self.year_hint)
+        if year is not None:
+            self.year_hint = year
+        return t
+
+    def _add_loss(
+        self, p: LossPoint, prefix_rank: int | None, line_no: int, t: float | None
+    ) -> None:
+        # A launcher prefix is the most reliable, then the line's own rank field,
+        # then the file name.
+        rank = (
+            prefix_rank
+            if prefix_rank is not None
+            else p.rank
+            if p.rank is not None
+            else self.log.rank
+        )
+        self.rows.append(
+            (
+                rank,
+                p.step,
+                p.loss,
+                p.epoch,
+                p.lr,
+                p.grad_norm,
+                self.log.source,
+                line_no,
+                p.acc,
+                p.step_total,
+                t,
+                self.index,
+            )
+        )
+        self.formats[p.fmt] += 1
+
+    def _add_event(
+        self,
+        match: ev.Match,
+        chunk: Chunk,
+        line_no: int,
+        text: str,
+        prefix_rank: int | None,
+        prefix_host: str | None,
+        t: float | None,
+    ) -> None:
+        rule = match.rule
+        raw = text[:RAW_CHARS]
+        rank, host = match.rank, match.host
+        if rule.name == "torchrun_block":
+            block = ev.read_torchrun_block(chunk.context(line_no, 6, 6), line_no)
+            self.consumed.update(block.lines)
+            raw, rank, host = block.raw[:RAW_CHARS], block.rank, block.host
+            if block.time_text:
+                t = self._time(block.time_text)
+        # The rank a line is about, then the launcher's tag, then the file name,
+        # then whatever rank the message names for its writer.
+        for candidate in (prefix_rank, self.log.rank, match.inrank):
+            if rank is None:
+                rank = candidate
+        event = Event(
+            kind=rule.kind or "info",
+            raw=raw,
+            source=self.log.source,
+            line=line_no,
+            rank=rank,
+            host=host or prefix_host or self.log.host,
+            t=t,
+            benign=rule.benign,
+        )
+        self.store.add(self.index, event)
+        self.n_events += 1
+
+    def _flush(self) -> None:
+        if not self.rows:
+            return
+        self.frames.append(pl.DataFrame(self.rows, schema=_WORK_SCHEMA, orient="row", strict=False))
+        self.rows = []
+
+    # -- results ------------------------------------------------------------------------
+    def loss_frame(self) -> pl.DataFrame | None:
+        self._flush()
+        if not self.frames:
+            return None
+        frame = pl.concat(self.frames)
+        ranks = frame["rank"].to_list()
+        steps = frame["step"].to_list()
+        totals = frame["step_total"].to_list()
+        epochs = frame["epoch"].to_list()
+        lines = frame["line"].to_list()
+        out = [0] * frame.height
+        groups: dict[int | None, list[int]] = {}
+        for i, rank in enumerate(ranks):
+            groups.setdefault(rank, []).append(i)
+        for rank, idx in groups.items():
+            result = global_steps(
+                [steps[i] for i in idx],
+                [totals[i] for i in idx],
+                [epochs[i] for i in idx],
+                [lines[i] for i in idx],
+            )
+            for i, step in zip(idx, result.steps, strict=True):
+                out[i] = step
+            if result.warning:
+                who = "" if rank is None else f" rank {rank}:"
+                self.warnings.append(f"{self.log.source}:{who} {result.warning}")
+        return frame.with_columns(pl.Series("step", out, dtype=pl.Int64))
+
+    def format_name(self) -> str:
+        if self.formats:
+            return self.formats.most_common(1)[0][0]
+        return "events_only" if self.n_events else "none"
+
+
+def _read_trainer_state(log: LogFile, index: int, warnings: list[str]) -> pl.DataFrame | None:
+    """Hugging Face's trainer_state.json: ``log_history`` holds every logged step."""
+    if log.path.stat().st_size > TRAINER_STATE_MAX_BYTES:
+        warnings.append(f"{log.source}: too large for a trainer_state.json; skipped")
+        return None
+    try:
+        with open(log.path, encoding="utf-8", errors="replace") as f:
+            history = json.load(f).get("log_history", [])
+    except (ValueError, AttributeError) as exc:
+        warnings.append(f"{log.source}: not a readable trainer_state.json ({type(exc).__name__})")
+        return None
+    rows: list[dict[str, object]] = []
+    for entry in history if isinstance(history, list) else []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("loss"), (int, float)):
+            continue
+        rows.append(
+            {
+                "rank": log.rank,
+                "step": _int_or_none(entry.get("step")),
+                "loss": float(entry["loss"]),
+                "epoch": _float_or_none(entry.get("epoch")),
+                "lr": _float_or_none(entry.get("learning_rate")),
+                "grad_norm": _float_or_none(entry.get("grad_norm")),
+                "source": log.source,
+                "line": None,
+                "acc": None,
+                "step_total": None,
+                "_t": None,
+                "_file": index,
+            }
+        )
+    if not rows:
+        return None
+    frame = pl.DataFrame(rows, schema=_WORK_SCHEMA, strict=False)
+    if frame["step"].null_count():
+        # steps missing: order of appearance, as for printed HF dicts
+        frame = frame.with_columns(pl.Series("step", range(1, frame.height + 1), dtype=pl.Int64))
+    return frame
+
+
+def _int_or_none(value: object) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _float_or_none(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _align_steps(events: list[tuple[int, Event]], losses: pl.DataFrame) -> None:
+    """Set each event's step to the last loss step its rank printed before it:
+    in the same file by line order, else across files by time when both carry one."""
+    if losses.is_empty() or not events:
+        return
+    by_file: dict[tuple[int, int | None], tuple[np.ndarray, np.ndarray]] = {}
+    only_rank: dict[int, int | None] = {}
+    for (file_index, rank), group in losses.group_by(["_file", "rank"], maintain_order=True):
+        order = group.sort("line")
+        by_file[(file_index, rank)] = (order["line"].to_numpy(), order["step"].to_numpy())
+        only_rank[file_index] = rank if file_index not in only_rank else -1  # -1: several ranks
+    by_time: dict[int | None, tuple[np.ndarray, np.ndarray]] = {}
+    timed = losses.filter(pl.col("_t").is_not_null())
+    for (rank,), group in timed.group_by(["rank"]):
+        order = group.sort("_t")
+        by_time[rank] = (order["_t"].to_numpy(), order["step"].to_numpy())
+    for file_index, event in events:
+        if event.rank is None and only_rank.get(file_index, -1) not in (-1, None):
+            # a file whose losses all belong to one rank is that rank's log
+            event.rank = only_rank[file_index]
+        same_file = by_file.get((file_index, event.rank))
+        if same_file is not None and event.line is not None:
+            i = int(np.searchsorted(same_file[0], event.line, side="right")) - 1
+            if i >= 0:
+                event.step = int(same_file[1][i])
+                continue
+        series = by_time.get(event.rank)
+        if series is not None and event.t is not None:
+            i = int(np.searchsorted(series[0], event.t, side="right")) - 1
+            if i >= 0:
+                event.step = int(series[1][i])
+
+
+def _rank_warnings(losses: pl.DataFrame) -> list[str]:
+    out: list[str] = []
+    ranks = sorted(r for r in losses["rank"].unique().to_list() if r is not None)
+    if ranks and ranks[-1] < 100_000:
+        missing = sorted(set(range(ranks[-1] + 1)) - set(ranks))
+        if missing:
+            shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
+            out.append(f"no loss lines for rank(s) {shown} (ranks seen: {ranks[0]}..{ranks[-1]})")
+    spans = (
+        losses.filter(pl.col("rank").is_not_null())
+        .group_by(["rank", "source"], maintain_order=True)
+        .agg(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
+    )
+    for (rank,), group in spans.group_by(["rank"], maintain_order=True):
+        if group.height < 2:
+            continue
+        rows = group.sort("lo").rows(named=True)
+        if any(b["lo"] <= a["hi"] for a, b in pairwise(rows)):
+            names = ", ".join(r["source"] for r in rows[:4])
+            out.append(
+                f"rank {rank} prints overlapping steps in {group.height} files ({names}); one may copy another (torchrun --tee)"
+            )
+    return out
+
+
+def ingest_logs(paths: Sequence[str | os.PathLike[str]]) -> LogData:
+    """Read logs (files or folders, walked recursively) into loss series and events.
+
+    Never raises on bad content: unreadable parts become ``warnings``. Raises
+    ``syncdoctor.cli.InputError`` only when nothing at all could be read.
+    """
+    from syncdoctor.cli import InputError  # the CLI module imports the doctor lazily
+
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if not paths:
+        raise InputError("no log files given")
+    logs, warnings = discover(paths)
+    if not logs:
+        raise InputError("no log files found in " + ", ".join(str(p) for p in paths))
+    store = _EventStore()
+    frames: list[pl.DataFrame] = []
+    formats: dict[str, str] = {}
+    read: list[str] = []
+    for index, log in enumerate(logs):
+        if log.is_trainer_state:
+            try:
+                frame = _read_trainer_state(log, index, warnings)
+            except OSError as exc:
+                warnings.append(f"{log.source}: {exc.strerror or exc}")
+                continue
+            read.append(log.source)
+            formats[log.source] = "hf_trainer_state" if frame is not None else "none"
+            if frame is not None:
+                frames.append(frame)
+            continue
+        reader = _FileReader(log, index, store, warnings)
+        try:
+            if not reader.read():
+                continue
+        except OSError as exc:
+            # includes gzip.BadGzipFile; keep what was read before the error
+            warnings.append(
+                f"{log.source}: read error after line {reader.lines_read}: {exc.strerror or exc}"
+            )
+        except (EOFError, zlib.error) as exc:
+            warnings.append(f"{log.source}: truncated or corrupt compressed log ({exc})")
+        read.append(log.source)
+        frame = reader.loss_frame()
+        if frame is not None:
+            frames.append(frame)
+        formats[log.source] = reader.format_name()
+        if formats[log.source] == "none" and not any(w.startswith(log.source) for w in warnings):
+            warnings.append(f"{log.source}: no loss lines or events recognised")
+    if not read:
+        raise InputError("none of the logs could be read: " + "; ".join(warnings[:3]))
+    work = pl.concat(frames) if frames else pl.DataFrame(schema=_WORK_SCHEMA)
+    kept = store.events()
+    _align_steps(kept, work)
+    warnings.extend(store.dropped())
+    if not work.is_empty():
+        warnings.extend(_rank_warnings(work))
+    return LogData(
+        losses=work.select(list(LOSS_SCHEMA)),
+        events=[e for _, e in kept],
+        files=read,
+        warnings=warnings,
+        formats=formats,
+    )
+
+
+__all__ = ["LOSS_SCHEMA", "LogData", "ingest_logs"]

@@ -1,0 +1,369 @@
+"""Communication and process events: which lines are timeouts, retries, watchdog
+firings, network errors, crashes, OOMs, collective mismatches, configuration
+errors, exits, or notable information.
+
+The rules are data, checked in order (first match wins): the specific before the
+generic, and known-benign noise first of all, so that e.g. MindSpore's start-up
+"Topology build timed out., retry(3/120)" never counts as a timeout.
+
+Kinds (``Event.kind``):
+  timeout        an operation waited too long: a collective, a connect, a recv,
+                 HCCL execute/connect timeouts (EI0002, EI0006), msrun node time-outs
+  watchdog       a watchdog fired: "Watchdog caught collective operation timeout",
+                 heartbeat monitors, ncclCommWatchdog, HCCL watchdogs
+  retry          something was retried (a connect, an HCCL operation, msrun start-up)
+  network        the transport failed: connection closed/refused/reset, NCCL system,
+                 internal or remote errors, IB/socket errors, HCCL link errors
+  crash          a process died abnormally: the exception ending a traceback, a
+                 segfault, a fatal signal, a kernel launch that failed
+  oom            out of host or device memory (CUDA, NPU, DefaultCPUAllocator, OOM killer)
+  mismatch       ranks disagreed: collective mismatch, DDP reducer errors,
+                 HCCL parameter inconsistency (EI0005), the playbook's GRADIENT_SYNC line
+  configuration  the setup is wrong: device busy or in use, address in use, bad rank
+                 table, invalid usage, duplicate GPU
+  exit           a launcher saw a process end: torchrun ChildFailedError and its
+                 summary block, msrun "Worker process ... exit with exception",
+                 "kill all other workers", srun/mpirun exit codes
+  info           notable but not a failure: NCCL communicator set-up lines (benign),
+                 the playbook's "[WARNING] Loss shows abnormal fluctuation" line
+                 (kept as info, not benign: it is a symptom the doctor weighs)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+EVENT_KINDS = (
+    "timeout",
+    "retry",
+    "watchdog",
+    "network",
+    "crash",
+    "oom",
+    "mismatch",
+    "configuration",
+    "exit",
+    "info",
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    kind: str | None  # None: recognised chatter, not an event
+    anchors: tuple[str, ...]  # lower-case substrings; the line must hold one (a cheap gate)
+    regex: re.Pattern[str] | None = None  # searched in the line without launcher prefixes
+    benign: bool = False
+
+
+# Repetitions in these patterns are bounded ({0,300}, not .*): a line is up to
+# PARSE_CHARS long and may be hostile, and unbounded backtracking would be quadratic.
+def _re(pattern: str, flags: int = re.IGNORECASE) -> re.Pattern[str]:
+    return re.compile(pattern, flags)
+
+
+# Named groups a rule's regex may set: "rank" (the rank the line is about, e.g. the
+# failed rank in a launcher summary: beats every other source), "inrank" (a rank
+# the reporting process names for itself: used only when nothing better is known),
+# "host".
+RULES: tuple[Rule, ...] = (
+    # --- known-benign noise and chatter ------------------------------------------------
+    Rule("ms_topology_retry", "retry", ("topology build timed out",), benign=True),
+    Rule("ms_finalize_retry", "retry", ("retry to finalize",), benign=True),
+    Rule("ms_analyzing", "info", ("analyzing exception log",), benign=True),
+    Rule(
+        "cann_advice",
+        None,
+        ("solution", "possible cause"),
+        _re(r"^\s*(?:Solution|Possible Cause)\s*:"),
+    ),
+    # source lines quoted in a traceback ("    raise RuntimeError('Timed out')") are code, not events
+    Rule(
+        "traceback_code",
+        None,
+        ("raise", 'file "', "return"),
+        _re(r"^\s+(?:raise\b|File \"|return\b)", 0),
+    ),
+    Rule(
+        "nccl_info_error_trace",
+        "network",
+        ("nccl info",),
+        _re(r"NCCL INFO \S+\.(?:cc|h|cu):\d+ -> [1-9]"),
+    ),
+    Rule("nccl_info_retry", "retry", ("nccl info",), _re(r"NCCL INFO .{0,400}?\bretry")),
+    Rule("nccl_info_abort", "exit", ("nccl info",), _re(r"NCCL INFO .{0,400}?\babort")),
+    Rule(
+        "nccl_info_comm",
+        "info",
+        ("nccl info",),
+        _re(
+            r"NCCL INFO (?:.{0,400}?\bcomm 0x[0-9a-f]+ rank (?P<inrank>\d+) nranks \d+|NCCL version|Using network)"
+        ),
+        benign=True,
+    ),
+    Rule("nccl_info_other", None, ("nccl info",)),  # channels, rings, trees: set-up chatter
+    # --- ranks disagree -------------------------------------------------------------------
+    Rule("gradient_sync", "mismatch", ("gradient_sync",)),
+    Rule("loss_fluctuation", "info", ("abnormal fluctuation",)),
+    Rule(
+        "collective_mismatch", "mismatch", ("mismatch between collectives", "collective mismatch")
+    ),
+    Rule(
+        "ddp_reducer",
+        "mismatch",
+        (
+            "expected to have finished reduction",
+            "expected to mark a variable ready only once",
+            "appears not to match sizes of the same param",
+            "did not receive grad for rank",
+        ),
+    ),
+    Rule("hccl_inconsistent", "mismatch", ("ei0005",)),
+    # --- memory -----------------------------------------------------------------------------
+    Rule(
+        "oom",
+        "oom",
+        ("memory", "oom"),
+        _re(
+            r"out of memory|outofmemory|memoryerror|can'?t allocate memory|cannot allocate memory"
+            r"|not enough memory|memory (?:is |isn'?t )?(?:not )?enough|insufficient memory|oom[-_ ]?kill|\boom\b"
+            r"|alloc\w*\s+(?:device\s+)?memory\s+fail|memory\s+alloc\w*\s+fail|fail\w* to alloc\w* (?:\w+ )?memory"
+        ),
+    ),
+    # --- watchdogs and timeouts ---------------------------------------------------------------
+    Rule("watchdog", "watchdog", ("watchdog", "heartbeat monitor")),
+    Rule("msrun_timeout_nodes", "timeout", ("time out nodes are",)),
+    Rule(
+        "timeout",
+        "timeout",
+        ("timeout", "timed out", "time out", "times out"),
+        # not configuration echoes such as "timeout=0:30:00", "Timeout(ms)=600000", "timeout_s"
+        _re(r"timed out|times out|time out\b|timeout(?!\s*[=(_]|s?\s*:\s*\d)"),
+    ),
+    # --- launchers: processes ending -----------------------------------------------------------
+    Rule("msrun_kill_all", "exit", ("kill all other workers",)),
+    Rule("msrun_process_exit", "exit", ("exit with exception",)),
+    Rule("torchrun_child_failed", "exit", ("childfailederror",)),
+    Rule(
+        "torchrun_agent_failed",
+        "exit",
+        ("exitcode",),
+        _re(r"failed \(exitcode: -?\d+\) local_rank: (?P<rank>\d+)"),
+    ),
+    Rule("torchrun_block", "exit", ("exitcode",), _re(r"^\s*exitcode\s*:\s*-?\d+")),
+    Rule(
+        "torchrun_sigterm", "exit", ("closing signal",), _re(r"Sending process \d+ closing signal")
+    ),
+    Rule(
+        "srun_task_exit",
+        "exit",
+        ("exited with exit code",),
+        _re(r"task (?P<rank>\d+): Exited with exit code"),
+    ),
+    Rule(
+        "mpirun_signal",
+        "crash",
+        ("exited on signal",),
+        _re(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) exited on signal"),
+    ),
+    Rule("mpirun_nonzero", "exit", ("non-zero exit code", "non-zero status")),
+    # --- configuration ------------------------------------------------------------------------
+    Rule(
+        "configuration",
+        "configuration",
+        (
+            # devices, and ports ("Address already in use"): checked before the socket errors
+            "already in use",
+            "is busy",
+            "device busy",
+            "resource busy",
+            "ncclinvalidusage",
+            "invalid usage",
+            "rank table",
+            "ranktable",
+            "rank_table",
+            "ei0004",
+            "ei0003",
+            "ei0001",
+            "duplicate gpu",
+            "invalid device",
+            "invalid rank",
+        ),
+    ),
+    # --- the transport ------------------------------------------------------------------------
+    Rule(
+        "network",
+        "network",
+        (
+            "connection closed",
+            "connection reset",
+            "connection refused",
+            "connection aborted",
+            "broken pipe",
+            "net/ib",
+            "net/socket",
+            "net/plugin",
+            "ibv_",
+            "no route to host",
+            "network is unreachable",
+            "unhandled system error",
+            "ncclsystemerror",
+            "ncclinternalerror",
+            "ncclremoteerror",
+            "remote process exited",
+            "network error",
+            "link error",
+            "link_error",
+            "linkerror",
+            "hccp",
+            "ej0001",
+            "socket",
+            "distributed communication has failed",
+        ),
+    ),
+    # --- processes dying ----------------------------------------------------------------------
+    Rule("launch_kernel_failed", "crash", ("launch kernel failed",)),
+    Rule(
+        "fatal_signal",
+        "crash",
+        (
+            "segmentation fault",
+            "core dumped",
+            "sigsegv",
+            "sigabrt",
+            "sigbus",
+            "sigkill",
+            "killed by signal",
+            "received by pid",
+            "terminate called",
+            "fatal python error",
+            "illegal memory access",
+            "device-side assert",
+            "cuda error",
+        ),
+    ),
+    Rule("shell_killed", "crash", ("killed",), _re(r"^\s*Killed\s*$", 0)),
+    Rule("cann_inner_error", "crash", ("ei9999", "ee9999", "ez9999", "e19999", "e39999", "ee1001")),
+    Rule("retry", "retry", ("retr",), _re(r"\bretr(?:y|ying|ied|ies)\b(?!\s*[=:]\s*\d)")),
+    # --- generic library errors ------------------------------------------------------------------
+    Rule(
+        "comm_library_error",
+        "network",
+        ("hccl", "hcom", "nccl", "gloo", "distributed"),
+        _re(
+            r"\[ERROR\]\s*(?:HCCL|HCCP|DISTRIBUTED|GLOO)|NCCL WARN|NCCL error|nccl\w*Error|\bnccl\w+\s+failed"
+            r"|\b(?:hccl|hcom)\w{0,40}.{0,300}?\b(?:error|fail)|gloo.{0,300}?\berror"
+        ),
+    ),
+    # --- the exception that ends a Python traceback ------------------------------------------------
+    Rule(
+        "python_stop",
+        "exit",
+        ("keyboardinterrupt", "systemexit"),
+        _re(r"^\s*(?:KeyboardInterrupt|SystemExit)\b", 0),
+    ),
+    Rule(
+        "python_exception",
+        "crash",
+        ("error", "exception"),
+        _re(r"^\s*(?:[\w.]{1,200}\.)?[A-Z]\w{0,100}(?:Error|Exception)(?::|\s*$)", 0),
+    ),
+    Rule(
+        "exit_code",
+        "exit",
+        ("exit",),
+        _re(
+            r"exit(?:ed)?(?: with)?(?: exit)?\s*(?:code|status)\s*[:=]?\s*-?\d+|exitcode\s*[:=]\s*-?\d+"
+        ),
+    ),
+)
+
+# Ranks a process names for itself inside a message: torch's "[Rank 3]" and
+# "[PG ID 0 PG GUID 0 Rank 3]" (process-group rank: global only for the default
+# group), CANN's "(PID:1, Device:0, RankID:3)".
+_INLINE_RANK = re.compile(
+    r"\[(?:PG [^\]]{0,60}?)?Rank (\d+)\]|RankID:\s*(\d+)|\brank_?id\s*[:=]\s*(\d+)", re.IGNORECASE
+)
+
+
+@dataclass
+class Match:
+    rule: Rule
+    rank: int | None = None  # the rank the line is about
+    inrank: int | None = None  # a rank the line names for its writer
+    host: str | None = None
+
+
+def classify(body: str, low: str) -> Match | None:
+    """The first rule that matches, or None. ``low`` is ``body.lower()``."""
+    for rule in RULES:
+        for anchor in rule.anchors:
+            if anchor in low:
+                break
+        else:
+            continue
+        if rule.regex is None:
+            return Match(rule, inrank=_inline_rank(body))
+        m = rule.regex.search(body)
+        if m is None:
+            continue
+        groups = m.groupdict()
+        rank = groups.get("rank")
+        inrank = groups.get("inrank")
+        return Match(
+            rule,
+            rank=int(rank) if rank else None,
+            inrank=int(inrank) if inrank else _inline_rank(body),
+            host=groups.get("host"),
+        )
+    return None
+
+
+def _inline_rank(body: str) -> int | None:
+    m = _INLINE_RANK.search(body)
+    if not m:
+        return None
+    return int(next(g for g in m.groups() if g is not None))
+
+
+# torchrun's failure summary: a block of "field : value" lines under
+# "Root Cause (first observed failure):" whose field lines carry no keyword.
+_BLOCK_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*?)\s*$")
+_BLOCK_RANK = re.compile(r"^(\d+)")
+
+
+@dataclass
+class BlockInfo:
+    lines: list[int]
+    raw: str
+    rank: int | None
+    host: str | None
+    time_text: str | None
+
+
+def read_torchrun_block(context: list[tuple[int, str]], anchor_line: int) -> BlockInfo:
+    """The summary fields around an ``exitcode : N`` line (the block is contiguous)."""
+    fields: dict[str, tuple[int, str]] = {}
+    by_line = dict(context)
+    for direction in (-1, 1):
+        line = anchor_line if direction == 1 else anchor_line - 1
+        while line in by_line:
+            m = _BLOCK_FIELD.match(by_line[line])
+            if not m:
+                break
+            fields.setdefault(m.group(1), (line, m.group(2)))
+            line += direction
+    rank_text = fields.get("rank", (0, ""))[1]
+    rank_match = _BLOCK_RANK.match(rank_text)
+    ordered = sorted(fields.values())
+    return BlockInfo(
+        lines=[line for line, _ in ordered],
+        raw="; ".join(
+            f"{name}: {value}"
+            for name, (_, value) in sorted(fields.items(), key=lambda kv: kv[1][0])
+        ),
+        rank=int(rank_match.group(1)) if rank_match else None,
+        host=fields.get("host", (0, None))[1] or None,
+        time_text=fields.get("time", (0, None))[1],
+    )

@@ -1,0 +1,141 @@
+"""What a single line says about who wrote it and when: launcher prefixes (which
+rank), host names, timestamps. Shared by the loss and the event parsers."""
+
+from __future__ import annotations
+
+import calendar
+import re
+from dataclasses import dataclass
+
+# Launchers that merge the output of many ranks tag each line:
+#   [1,3]<stdout>: ...        mpirun --tag-output (job 1, rank 3)
+#   [default0]: ...           torchrun --tee / --redirects (role "default", local rank 0)
+#   [rank0]: ...              torch >= 2.2 prefixes its own C++/Python errors
+#   (RayTrainWorker pid=615, ip=10.72.7.6) ...   Ray workers (host only)
+_MPI_PREFIX = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>:\s?")
+# Role names are a closed list: "[step10]: ..." is a user's print, not a launcher tag.
+_ROLE_PREFIX = re.compile(r"\[(rank|default|worker|trainer|proc|process)(\d+)\]:\s?")
+# torch's "[rankN]:" may come after a timestamp added by a log collector.
+_RANK_PREFIX_ANYWHERE = re.compile(r"\[rank(\d+)\]:\s?")
+_RAY_PREFIX = re.compile(r"\((?:\w+ )?pid=\d+(?:, ip=([\w.:-]+))?\)\s?")
+# srun --label: "3: text". Only trusted when most of a file's lines carry it.
+SRUN_PREFIX = re.compile(r"\s*(\d{1,5}): ")
+# "host:pid:tid [dev] NCCL INFO ..." - NCCL_DEBUG lines name their host.
+_NCCL_HOST = re.compile(r"([\w.-]+):\d+:\d+ \[\d+\] (?:\S+ )?NCCL ")
+
+
+@dataclass
+class Prefix:
+    body: str  # the line without launcher prefixes
+    rank: int | None = None
+    host: str | None = None
+
+
+def strip_prefixes(line: str, srun_labels: bool) -> Prefix:
+    """Peel launcher prefixes off a line; the innermost rank wins (the most specific)."""
+    rank: int | None = None
+    host: str | None = None
+    body = line
+    for _ in range(4):  # prefixes nest: "[default0]:[rank0]:[E1129 ...]"
+        if not body:
+            break
+        first = body[0]
+        m = None
+        if first == "[":
+            m = _MPI_PREFIX.match(body)
+            if m:
+                rank = int(m.group(1))
+            else:
+                m = _ROLE_PREFIX.match(body)
+                if m:
+                    rank = int(m.group(2))
+        elif first == "(":
+            m = _RAY_PREFIX.match(body)
+            if m and m.group(1):
+                host = m.group(1)
+        elif srun_labels and (first.isdigit() or first == " "):
+            m = SRUN_PREFIX.match(body)
+            if m:
+                rank = int(m.group(1))
+        if not m:
+            break
+        body = body[m.end() :]
+    if rank is None and "[rank" in body[:80]:
+        m = _RANK_PREFIX_ANYWHERE.search(body, 0, 80)
+        if m:
+            rank = int(m.group(1))
+            body = body[: m.start()] + body[m.end() :]
+    if host is None and "NCCL" in body:
+        m = _NCCL_HOST.search(body, 0, 200)
+        if m:
+            host = m.group(1)
+    return Prefix(body, rank, host)
+
+
+# Timestamps, searched near the start of a line only (where loggers put them):
+#   2026-11-29 10:12:01,123   2026-11-29T10:12:01.123Z   2025-05-21_15:43:03 (torchrun)
+#   2025-03-10-09:40:38.720.000 (MindSpore/CANN: ms.us)   2026/11/29 10:12:01
+#   E1129 10:12:01.123456 / [W112 01:48:44.27] (glog as printed by torch: no year)
+_ISO_TIME = re.compile(
+    r"(\d{4})[-/](\d\d)[-/](\d\d)[ T_-](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(?:\.(\d{1,6}))?"
+    r"\s?(Z|[+-]\d\d:?\d\d)?(?![\d])"
+)
+_GLOG_TIME = re.compile(r"(?:^|[\s\[])[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9})")
+TIME_SEARCH_CHARS = 160
+
+
+def _fraction(digits: str | None) -> float:
+    return int(digits) / 10 ** len(digits) if digits else 0.0
+
+
+def parse_time(text: str, year_hint: int | None) -> tuple[float | None, int | None]:
+    """Unix time of the first timestamp near the start of ``text``, and its year.
+
+    Naive timestamps are read as UTC: the times only need to order events across
+    the files of one cluster, which share a time zone far more often than not.
+    glog stamps carry no year; ``year_hint`` (from another line or the file's
+    mtime) supplies it.
+    """
+    head = text[:TIME_SEARCH_CHARS]
+    m = _ISO_TIME.search(head)
+    if m:
+        year, month, day, hh, mm, ss = (int(g) for g in m.groups()[:6])
+        frac = _fraction(m.group(7))
+        if m.group(8):  # MindSpore "…:38.720.000": milliseconds then microseconds
+            frac += int(m.group(8)) / 10 ** (3 + len(m.group(8)))
+        t = _to_unix(year, month, day, hh, mm, ss, frac)
+        if t is not None and m.group(9) and m.group(9) != "Z":
+            sign = 1 if m.group(9)[0] == "+" else -1
+            tz = m.group(9)[1:].replace(":", "")
+            t -= sign * (int(tz[:2]) * 3600 + int(tz[2:]) * 60)
+        return t, (year if t is not None else None)
+    if year_hint is not None:
+        m = _GLOG_TIME.search(head)
+        if m:
+            month, day, hh, mm, ss = (int(g) for g in m.groups()[:5])
+            return _to_unix(year_hint, month, day, hh, mm, ss, _fraction(m.group(6))), None
+    return None, None
+
+
+def _to_unix(
+    year: int, month: int, day: int, hh: int, mm: int, ss: int, frac: float
+) -> float | None:
+    if not (
+        1970 <= year <= 2200
+        and 1 <= month <= 12
+        and 1 <= day <= 31
+        and hh < 24
+        and mm < 60
+        and ss <= 60
+    ):
+        return None
+    return calendar.timegm((year, month, day, hh, mm, ss, 0, 0, 0)) + frac
+
+
+def detect_srun_labels(lines: list[str | None]) -> bool:
+    """True when most non-empty lines start with an srun --label "N: " prefix."""
+    texts = [t for t in lines if t]
+    if len(texts) < 4:
+        return False
+    hits = sum(1 for t in texts if SRUN_PREFIX.match(t))
+    return hits >= 0.6 * len(texts)
