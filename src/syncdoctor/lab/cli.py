@@ -129,6 +129,10 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         console.print(table)
         correct = sum(r.correct for r in rows)
         console.print(f"{correct}/{len(rows)} correct")
+        for fault in FAULTS.values():
+            if args.framework not in fault.frameworks:
+                console.print(f"not on {args.framework}: {fault.name} — {fault.not_on.get(args.framework, '')}",
+                              markup=False)
     return 0 if all(r.correct for r in rows) else 1
 
 

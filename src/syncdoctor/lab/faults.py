@@ -21,6 +21,8 @@ class Fault:
     measured: ClassVar[str] = "not measured yet"
     variants: ClassVar[tuple[str, ...]] = ("",)
     frameworks: ClassVar[tuple[str, ...]] = ("torch",)
+    # Why a framework is missing from `frameworks` (shown by `lab matrix --framework X`).
+    not_on: ClassVar[dict[str, str]] = {"mindspore": "not yet measured on MindSpore (the script honours its knobs)"}
     sync: ClassVar[str | None] = None  # forces the data-parallel mode when set
     ends_in_error: ClassVar[bool] = False  # the run is expected to fail
 
@@ -132,6 +134,7 @@ class DroppedRank(Fault):
     description = "after a simulated comm timeout and retry, one rank's gradients are left out of the average while it keeps updating alone"
     symptom = "loss jumps after a retry in the comm log, no error (playbook 2.3)"
     category = "sync.incomplete_reduce"
+    not_on = {"mindspore": "needs an all-reduce over a sub-group that excludes one rank; not built on MindSpore's CPU collectives"}
     measured = "torch, ws 2: from the onset the left-out rank's reduced gradients, then its parameters, differ from the others'; accuracy 0.95 vs 0.99; the loss keeps decreasing (no visible jump at this size)"
 
     def apply(self, plan: RankPlan, variant: str) -> None:
@@ -279,6 +282,7 @@ class BufferDivergence(Fault):
     description = "BatchNorm running statistics are never synchronised (broadcast_buffers=False)"
     symptom = "training loss fine, evaluation differs by rank"
     category = "model.buffer_divergence"
+    not_on = {"mindspore": 'MindSpore never synchronises BatchNorm statistics in data parallel: they differ in every healthy run, so there is no fault to inject'}
     measured = 'torch, ws 2: BatchNorm running statistics differ across ranks from step 1; parameters identical; training accuracy unaffected'
 
     def apply(self, plan: RankPlan, variant: str) -> None:
@@ -353,6 +357,7 @@ class CommTimeout(Fault):
     description = "one rank stalls past the process-group timeout"
     symptom = "every rank fails with a collective timeout (playbook 3.4)"
     category = "comm.fault"
+    not_on = {"mindspore": "MindSpore's CPU collectives have no per-call timeout to exceed in the lab; the stall is covered by rank-crash and msrun's node timeout"}
     measured = "torch, ws 2: the waiting rank fails after the process-group timeout with gloo 'Timed out waiting … for recv'; the stalled rank then fails with connection errors"
     ends_in_error = True
 

@@ -71,6 +71,12 @@ RULES: tuple[Rule, ...] = (
     # --- known-benign noise and chatter ------------------------------------------------
     Rule("ms_topology_retry", "retry", ("topology build timed out",), benign=True),
     Rule("ms_finalize_retry", "retry", ("retry to finalize",), benign=True),
+    # msrun workers wait for the scheduler at start-up: "Failed to register and try to
+    # reconnect to the meta server" repeats until it is up (seen on every healthy job).
+    Rule("ms_register_reconnect", "retry", ("reconnect to the meta server",), benign=True),
+    # The msrun scheduler logs every worker's disconnect; "errno: 0 Success" is a worker
+    # that finished, not a failed link.
+    Rule("ms_socket_closed_ok", "network", ("errno: 0 success",), benign=True),
     Rule("ms_analyzing", "info", ("analyzing exception log",), benign=True),
     Rule(
         "cann_advice",
