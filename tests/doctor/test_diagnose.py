@@ -74,14 +74,15 @@ def _logs_only(run_out: Path, dest: Path) -> Path:
     ("lr-too-high", "not_sync_problem", "train.divergence"),
 ])
 def test_logs_alone_give_the_right_verdict(lab, tmp_path: Path, fault: str, verdict: str, category: str) -> None:
-    diag = diagnose([_logs_only(lab(fault).out, tmp_path / fault)])
+    # Runs without the probe: plain training logs, as users have them.
+    diag = diagnose([_logs_only(lab(fault, probe=False).out, tmp_path / fault)])
     assert diag.verdict == verdict, [(f.code, f.category) for f in diag.findings]
     assert diag.findings[0].category == category
     assert diag.loss_shape is not None
 
 
 def test_logs_alone_of_a_clean_run_are_healthy(lab, tmp_path: Path) -> None:
-    diag = diagnose([_logs_only(lab("clean").out, tmp_path / "clean")])
+    diag = diagnose([_logs_only(lab("clean", probe=False).out, tmp_path / "clean")])
     assert diag.verdict == "healthy"
     assert diag.loss_shape.shape == "decreasing"
 

@@ -125,12 +125,18 @@ def test_data_faults_change_what_ranks_read(lab) -> None:
     assert not clean_ids[0] & clean_ids[1]
 
 
+def _epoch_overlap(result, rank: int = 0, epoch_steps: int = 22) -> float:
+    """Jaccard overlap of the sample ids a rank read in epoch 1 and in epoch 2."""
+    steps = steps_of(result).filter(pl.col("rank") == rank)
+    first = set(steps.filter(pl.col("step") <= epoch_steps)["ids"].explode().to_list())
+    second = steps.filter((pl.col("step") > epoch_steps) & (pl.col("step") <= 2 * epoch_steps))
+    second_ids = set(second["ids"].explode().to_list())
+    return len(first & second_ids) / len(first | second_ids)
+
+
 def test_shuffle_after_shard_reads_a_fixed_subset_each_epoch(lab) -> None:
-    steps = steps_of(lab("shuffle-after-shard"))
-    rank0 = steps.filter(pl.col("rank") == 0)
-    epoch1 = set(rank0.filter(pl.col("step") <= 22)["ids"].explode().to_list())
-    epoch2 = set(rank0.filter((pl.col("step") > 22) & (pl.col("step") <= 44))["ids"].explode().to_list())
-    assert epoch1 == epoch2
+    assert _epoch_overlap(lab("shuffle-after-shard")) > 0.95  # drop_last trims a few samples
+    assert _epoch_overlap(lab("clean")) < 0.7  # a global shuffle deals a new half each epoch
 
 
 def test_uneven_shards_give_different_batch_sizes_and_end_in_error(lab) -> None:

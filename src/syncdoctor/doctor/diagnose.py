@@ -68,13 +68,12 @@ def run_rules(ev: Evidence) -> list[Finding]:
 
 
 def verdict_for(ev: Evidence, findings: list[Finding]) -> Verdict:
+    """The most likely root cause decides: findings are already ranked."""
     serious = [f for f in findings if f.severity in ("error", "warning")]
-    if any(f.category not in NOT_SYNC for f in serious):
-        return "sync_problem"
     if serious:
-        return "not_sync_problem"
+        return "not_sync_problem" if serious[0].category in NOT_SYNC else "sync_problem"
     checked = any(c.get("status") == "ok" for c in ev.checks)
-    several_ranks = len({r for r in ev.losses["rank"].to_list()}) > 1 if ev.losses.height else False
+    several_ranks = ev.losses.height > 0 and ev.losses["rank"].n_unique() > 1
     if (ev.has_records and (checked or len(ev.ranks) == 1)) or several_ranks:
         return "healthy"
     return "inconclusive"

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from syncdoctor.doctor.model import Event, LossShape
 from syncdoctor.doctor.shape import classify
 from syncdoctor.records import RunRecords
+from syncdoctor.records.reader import MAX_WORLD_SIZE
 
 # Fingerprints that healthy data parallelism keeps bitwise equal across ranks.
 INVARIANTS = ("param_fp", "opt_fp", "grad_fp")
@@ -38,11 +40,27 @@ class Divergence:
 
 @dataclass
 class Offsets:
-    """Persistent per-rank loss offsets against the same-step mean of all ranks."""
+    """Persistent per-rank loss offsets against the same-step mean of all ranks.
 
-    by_rank: dict[int, float]  # mean relative offset
-    t_stat: dict[int, float]
+    Judged in windows of consecutive steps: while the loss is large, a different
+    loss definition shifts a rank's loss by a steady fraction; later, mini-batch
+    noise of small losses drowns it. Healthy ranks on different data scatter
+    around the mean with either sign."""
+
+    by_rank: dict[int, float]  # mean relative offset in the rank's strongest window
+    t_stat: dict[int, float]  # its t statistic
+    same_sign: dict[int, float]  # fraction of that window's steps on the same side
+    window: dict[int, tuple[int, int]]  # (first step, last step)
     spread: float  # median same-step relative spread
+
+
+OFFSET_WINDOW = 20
+SAME_DATA_MIN_CORR = 0.3
+
+
+def _rolling_median(x: np.ndarray, k: int) -> np.ndarray:
+    padded = np.pad(x, (k // 2, k // 2), mode="edge")
+    return np.median(np.lib.stride_tricks.sliding_window_view(padded, k), axis=1)
 
 
 def majority_outliers(values: dict[int, Any]) -> list[int]:
@@ -93,10 +111,12 @@ class Evidence:
 
     @cached_property
     def world_size(self) -> int | None:
-        sizes = [s.get("world_size") for s in self.snapshots.values() if s.get("world_size")]
+        # Only sizes a real job can have: the report lists every rank up to it.
+        sizes = [n for s in self.snapshots.values()
+                 if isinstance(n := s.get("world_size"), int) and 0 < n <= MAX_WORLD_SIZE]
         if sizes:
             return max(sizes)
-        return max(self.ranks) + 1 if self.ranks else None
+        return max(self.ranks) + 1 if self.ranks and max(self.ranks) < MAX_WORLD_SIZE else None
 
     @cached_property
     def losses(self) -> pl.DataFrame:
@@ -148,33 +168,68 @@ class Evidence:
     @cached_property
     def offsets(self) -> Offsets | None:
         wide = self.loss_wide
-        if wide.height < 20 or wide.width < 3:
+        if wide.height < OFFSET_WINDOW or wide.width < 3:
             return None
         cols = [c for c in wide.columns if c != "step"]
         values = wide.select(cols)
         mean = values.mean_horizontal()
         rel = values.select([((pl.col(c) - mean) / mean.abs().clip(lower_bound=1e-12)).alias(c) for c in cols])
-        by_rank, t_stat = {}, {}
+        steps = wide["step"].to_numpy()
+        by_rank, t_stat, same_sign, window = {}, {}, {}, {}
         for c in cols:
-            series = rel[c]
-            mu, sd = series.mean() or 0.0, series.std() or 0.0
-            by_rank[int(c)] = float(mu)
-            t_stat[int(c)] = float(mu / (sd / math.sqrt(len(series)))) if sd > 0 else (0.0 if mu == 0 else math.inf)
+            series = rel[c].to_numpy()
+            best = (0.0, 0.0, 0.0, 0)
+            for start in range(0, len(series) - OFFSET_WINDOW + 1, OFFSET_WINDOW // 2):
+                chunk = series[start:start + OFFSET_WINDOW]
+                mu, sd = float(chunk.mean()), float(chunk.std(ddof=1))
+                t = mu / (sd / math.sqrt(len(chunk))) if sd > 0 else (0.0 if mu == 0 else math.copysign(1e9, mu))
+                if abs(t) > abs(best[1]):
+                    best = (mu, t, float((np.sign(chunk) == np.sign(mu)).mean()), start)
+            rank = int(c)
+            by_rank[rank], t_stat[rank], same_sign[rank] = best[0], best[1], best[2]
+            window[rank] = (int(steps[best[3]]), int(steps[min(len(steps) - 1, best[3] + OFFSET_WINDOW - 1)]))
         spread = float(rel.select(pl.max_horizontal(cols) - pl.min_horizontal(cols)).to_series().median() or 0.0)
-        return Offsets(by_rank, t_stat, spread)
+        return Offsets(by_rank, t_stat, same_sign, window, spread)
 
     @cached_property
-    def identical_loss_groups(self) -> list[list[int]]:
-        """Groups of ranks whose losses are equal at every common step: the same data
-        through the same weights."""
+    def same_data_groups(self) -> list[list[int]]:
+        """Groups of ranks whose per-step losses move together far beyond chance:
+        they read the same batches (dropout and other per-rank noise keep the losses
+        from being identical). Residuals around the common trend of ranks on
+        different data are uncorrelated."""
         wide = self.loss_wide
-        if wide.height < 10 or wide.width < 3:
+        if wide.height < 30 or wide.width < 3:
             return []
+        if self.mean_shape is None or self.mean_shape.shape != "decreasing":
+            return []  # large, erratic updates move every rank's loss together too
         cols = [c for c in wide.columns if c != "step"]
-        keys = {int(c): tuple(round(v, 9) for v in wide[c].to_list()) for c in cols}
-        groups: dict[tuple[float, ...], list[int]] = {}
-        for rank, key in keys.items():
-            groups.setdefault(key, []).append(rank)
+        values = wide.select(cols).to_numpy().T
+        if not np.isfinite(values).all() or (values <= 0).any():
+            values = np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+        else:
+            values = np.log(values)  # multiplicative noise becomes additive
+        trend = _rolling_median(values.mean(axis=0), 9)
+        residual = values - trend
+        if (residual.std(axis=1) == 0).any():
+            identical = {}
+            for i, row in enumerate(values):
+                identical.setdefault(row.tobytes(), []).append(int(cols[i]))
+            return [sorted(g) for g in identical.values() if len(g) > 1]
+        corr = np.corrcoef(residual)
+        threshold = max(SAME_DATA_MIN_CORR, 4 / math.sqrt(values.shape[1]))
+        parent = list(range(len(cols)))
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for i, j in zip(*np.nonzero(np.triu(corr > threshold, 1)), strict=True):
+            parent[root(int(i))] = root(int(j))
+        groups: dict[int, list[int]] = {}
+        for i, c in enumerate(cols):
+            groups.setdefault(root(i), []).append(int(c))
         return [sorted(g) for g in groups.values() if len(g) > 1]
 
     # ------------------------------------------------------------------ replicas

@@ -1,15 +1,20 @@
 from __future__ import annotations
 
+import numpy as np
+import polars as pl
+
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
+
+BLOW_UP = 5.0  # the peak over the starting loss that healthy training never reaches
 
 
 class TrainDivergence(Rule):
     """The loss diverges on every rank in lockstep: not a synchronisation problem.
 
-    **Symptom:** the loss rises steadily or turns NaN/inf, the same way on all ranks
-    (playbook §1.1, the second "bad shape").
+    **Symptom:** the loss rises steadily, blows up and never recovers, or turns
+    NaN/inf — the same way on all ranks (playbook §1.1, the second "bad shape").
 
     **Cause:** something global — learning rate, model, data labels — not the
     collaboration between cards; single-card training would show it too.
@@ -28,20 +33,37 @@ class TrainDivergence(Rule):
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         shape = ev.mean_shape
-        if shape is None or shape.shape not in ("diverging", "nonfinite"):
+        if shape is None or ev.divergence is not None:
+            return None  # no curve, or replicas parted: the sync rules explain it
+        why_bad = self._bad_curve(ev, shape)
+        if why_bad is None:
             return None
-        if ev.divergence is not None:
-            return None  # replicas parted: the sync rules explain it
         rank_shapes = {s.shape for s in ev.rank_shapes}
         if ev.has_records:
             confidence = 0.9
-            why = "replicas stayed bitwise identical (parameters, optimizer state) while the loss diverged"
-        elif len(ev.rank_shapes) > 1 and rank_shapes <= {"diverging", "nonfinite", "sawtooth", "spike"}:
+            why = "replicas stayed bitwise identical (parameters, optimizer state) while the loss went wrong"
+        elif len(ev.rank_shapes) > 1 and len(rank_shapes) <= 2:
             confidence = 0.7
-            why = f"all {len(ev.rank_shapes)} ranks show the same shape"
+            why = f"all {len(ev.rank_shapes)} ranks' curves go wrong the same way"
         elif len(ev.rank_shapes) == 1:
             confidence = 0.5
             why = "only one rank's loss is known"
         else:
             return None
-        return self.found(confidence, [f"loss shape: {shape.shape} — {shape.detail}", why])
+        return self.found(confidence, [why_bad, why])
+
+    @staticmethod
+    def _bad_curve(ev: Evidence, shape) -> str | None:
+        if shape.shape in ("diverging", "nonfinite"):
+            return f"loss shape: {shape.shape} — {shape.detail}"
+        mean = ev.losses.group_by("step").agg(pl.col("loss").mean()).sort("step")["loss"].to_numpy()
+        mean = mean[np.isfinite(mean)]
+        if len(mean) < 10:
+            return None
+        start, peak = float(np.min(mean[:3])), float(np.max(mean))
+        tail = float(np.median(mean[-max(3, len(mean) // 4):]))
+        # Blown up far above where it started, and never came back to learning.
+        if start > 0 and peak > BLOW_UP * start and tail > 0.5 * start:
+            return (f"the loss blew up from {start:.3g} to {peak:.3g} and never recovered "
+                    f"(last quarter {tail:.3g}): the step size is too large for the model")
+        return None

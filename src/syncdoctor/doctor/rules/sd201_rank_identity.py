@@ -65,12 +65,13 @@ class DuplicateRankIdentity(Rule):
             ranks.update(group)
             confidence = max(confidence, 0.8 if partial else 0.6)
         if not ev.has_records:
-            for group in ev.identical_loss_groups:
-                evidence.append(f"{fmt_ranks(group)} report identical losses at every common step "
-                                "(same data through the same weights)")
+            for group in ev.same_data_groups:
+                evidence.append(f"{fmt_ranks(group)}: per-step losses move together far beyond chance "
+                                "(the same batches on each)")
                 ranks.update(group)
-                whole = ev.world_size is not None and len(group) == ev.world_size
-                confidence = max(confidence, 0.55 if whole else 0.75)
+                # All of ≥3 ranks alike points at missing sharding; a pair at a duplicated id.
+                whole = ev.world_size is not None and len(group) == ev.world_size > 2
+                confidence = max(confidence, 0.45 if whole else 0.6)
         if not confidence:
             return None
         return self.found(confidence, evidence, ranks=sorted(ranks))

@@ -39,8 +39,9 @@ class UnshardedData(Rule):
                 evidence.append("the loader reports no sharding (num_replicas=1)")
                 return self.found(0.9, evidence, ranks=ev.ranks)
             return self.found(0.5, evidence, ranks=ev.ranks)
-        whole = [g for g in ev.identical_loss_groups if world and len(g) == world]
+        whole = [g for g in ev.same_data_groups if world and len(g) == world]
         if whole:
-            return self.found(0.5, [f"all {world} ranks report identical losses at every common step"],
-                              ranks=whole[0])
+            return self.found(0.6 if world > 2 else 0.5,
+                              [f"the per-step losses of all {world} ranks move together far beyond chance: "
+                               "every rank reads the same batches"], ranks=whole[0])
         return None

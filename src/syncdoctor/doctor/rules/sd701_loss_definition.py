@@ -4,8 +4,11 @@ from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule, fmt_ranks
 
-OFFSET_T = 8.0  # |t| of a rank's mean offset that chance alone does not give over ~100 steps
-OFFSET_MIN = 0.03  # and at least 3% of the loss level
+# In some window of consecutive steps: |t| of the mean offset, the share of steps on
+# the same side, and the size, that ranks reading different data do not reach by chance.
+OFFSET_T = 6.0
+OFFSET_SAME_SIDE = 0.9
+OFFSET_MIN = 0.03
 
 
 class LossDefinitionMismatch(Rule):
@@ -46,11 +49,14 @@ class LossDefinitionMismatch(Rule):
             return None
         if ev.divergence is not None and ({"mode", "param", "counter"} & set(ev.divergence.what)):
             return None  # parted replicas or modes explain offsets better
-        odd = [r for r, t in offsets.t_stat.items() if abs(t) > OFFSET_T and abs(offsets.by_rank[r]) > OFFSET_MIN]
+        odd = [r for r, t in offsets.t_stat.items() if abs(t) > OFFSET_T and abs(offsets.by_rank[r]) > OFFSET_MIN
+               and offsets.same_sign[r] >= OFFSET_SAME_SIDE]
         if not odd or len(odd) == len(offsets.by_rank) and len(odd) > 2:
             return None
-        evidence = ["persistent loss offsets against the same-step mean: "
-                    + ", ".join(f"rank {r}: {offsets.by_rank[r]:+.1%} (t={offsets.t_stat[r]:.0f})" for r in sorted(odd)),
+        evidence = ["steady loss offsets against the same-step mean of all ranks: "
+                    + ", ".join(f"rank {r}: {offsets.by_rank[r]:+.1%} over steps {offsets.window[r][0]}–"
+                                f"{offsets.window[r][1]} (t={offsets.t_stat[r]:.0f}, "
+                                f"{offsets.same_sign[r]:.0%} of steps on that side)" for r in sorted(odd)),
                     f"same-step spread is {offsets.spread:.1%} of the loss; ranks on different data scatter "
                     "around the mean instead"]
         if ev.has_records and ev.divergence is None:

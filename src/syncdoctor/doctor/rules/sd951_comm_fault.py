@@ -54,6 +54,13 @@ class CommunicationFault(Rule):
             if silent:
                 evidence.append(f"{fmt_ranks(silent)} reported no communication error: the stalled peer the others waited for")
             confidence = 0.8
+            finished = self._finished_ranks(ev)
+            if finished and set(finished) != set(ev.ranks):
+                # A peer that exited normally while others still waited: one side made
+                # more collectives (uneven steps), the network did nothing wrong.
+                confidence = 0.5
+                evidence.append(f"{fmt_ranks(finished)} finished normally while the others still waited for "
+                                "them: the ranks did not make the same number of collectives")
             if ev.first_failure is not None:
                 confidence = 0.45  # a peer crashed first: the timeouts are its consequence
                 evidence.append(f"but {ev.first_failure.source} shows a {ev.first_failure.kind} first")
@@ -64,6 +71,13 @@ class CommunicationFault(Rule):
                           ranks=sorted({e.rank for e in retries if e.rank is not None}), step=retries[0].step,
                           # Retries matter when replicas part; in a healthy run they are a note.
                           severity="warning" if ev.divergence else "info", title="Communication retries")
+
+    @staticmethod
+    def _finished_ranks(ev: Evidence) -> list[int]:
+        if ev.records is not None and ev.records.ends:
+            return sorted(r for r, end in ev.records.ends.items() if end.get("status") == "ok"
+                          and not any(c.get("rank") == r for c in ev.incomplete_checks))
+        return []
 
     @staticmethod
     def _silent_ranks(ev: Evidence, complaining: list[int]) -> list[int]:
