@@ -1,6 +1,24 @@
-"""The probe: per-rank, per-step records and a live cross-rank check."""
+"""The probe: per-rank, per-step records and a live cross-rank check.
 
-from syncdoctor.probe.check import SyncMismatchError
-from syncdoctor.probe.core import NullProbe, Probe, attach
+Names are resolved lazily (PEP 562) so that `syncdoctor.probe.boot`, which the
+generated sitecustomize imports into every process of a `syncdoctor run`, does not
+pull in torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["NullProbe", "Probe", "SyncMismatchError", "attach"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SyncMismatchError":
+        from syncdoctor.probe.check import SyncMismatchError
+
+        return SyncMismatchError
+    if name in ("NullProbe", "Probe", "attach"):
+        from syncdoctor.probe import core
+
+        return getattr(core, name)
+    raise AttributeError(name)

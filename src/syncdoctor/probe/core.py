@@ -1,10 +1,11 @@
 """The torch probe: per-rank, per-step records and the live cross-rank check.
 
 Cost model (shared facts): one pass over the parameter bytes is the floor of an
-exact check. Every step records only what training already computed (loss, lr,
-counters). Fingerprints, gradient norms and the check run every `check_every`
-steps, and the check's collective is asynchronous: its result is read at the next
-check, so training never waits for it.
+exact check. Every step records only what training already computed or what costs a
+few microseconds (loss, lr, counters, the input's fingerprint). Fingerprints,
+gradient norms, the pre-reduce norm and the check run every `check_every` steps, and
+the check's collective is asynchronous: its result is read at the next check, so
+training never waits for it.
 
 Safety: every hook body runs under `_guard`, which turns any probe exception into a
 recorded event and disables the probe; only `on_mismatch="raise"` raises, by choice.
@@ -13,12 +14,12 @@ recorded event and disables the probe; only `on_mismatch="raise"` raises, by cho
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
-import math
 import os
 import sys
-import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,17 +27,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from syncdoctor.probe.check import CrossRankCheck, SyncMismatchError
+from syncdoctor.probe.check import CrossRankCheck, SyncMismatchError, config_fingerprint
 from syncdoctor.probe.fingerprint import combine, fingerprints, ids_fingerprint
 from syncdoctor.probe.snapshot import build_snapshot
-from syncdoctor.records import RecordWriter
+from syncdoctor.records.writer import RecordWriter
 
 log = logging.getLogger("syncdoctor")
-_local = threading.local()  # set while the probe's own comm hook reduces a bucket
 _active: list[Probe] = []
 
 DEFAULT_CHECK_EVERY = 10
 DEFAULT_RUN_DIR = "syncdoctor_run"
+CLOSE_WAIT_S = 5.0  # at close, the last check's wait: the end of a run must not hang on it
+LAST_LOSSES = 32  # recent losses kept for the evidence bundle
+DATA_FP_MAX_BYTES = 16 << 20  # inputs larger than this are fingerprinted at check steps only
+DATA_FP_BUDGET = 0.002  # the input is hashed every step only while that costs under 0.2% of a step
+MAX_IDS = 1024  # sample ids kept per step record (the doctor's overlap check)
 
 
 def _ddp_class() -> type:
@@ -58,13 +63,18 @@ class Probe:
         loader: Any = None,
         global_batch: int | None = None,
         check_every: int | None = None,
-        on_mismatch: str = "warn",
+        on_mismatch: str | None = None,
         tensor_norms_every: int | None = None,
         activations_every: int | None = None,
         activation_stride: int = 2,
         check_timeout_s: float | None = None,
-        register_comm_hook: bool = True,
+        register_comm_hook: bool = False,  # accepted for old callers: no comm hook is needed (_arm_local_norms)
+        log_path: str | os.PathLike[str] | None = None,
+        init_param_fp_local: int | None = None,
+        auto: bool = False,
+        baseline: dict[str, Any] | None = None,
     ) -> None:
+        on_mismatch = on_mismatch or os.environ.get("SYNCDOCTOR_ON_MISMATCH") or "warn"
         if on_mismatch not in ("warn", "dump", "raise"):
             raise ValueError("on_mismatch must be 'warn', 'dump' or 'raise'")
         self.run_dir = Path(run_dir or os.environ.get("SYNCDOCTOR_RUN_DIR", DEFAULT_RUN_DIR))
@@ -75,12 +85,16 @@ class Probe:
         self.module = model.module if isinstance(model, _ddp_class()) else model
         self.optimizer: torch.optim.Optimizer | None = None
         self.loss_fn, self.loader, self.global_batch = loss_fn, loader, global_batch
-        self.check_every = max(1, int(check_every or os.environ.get("SYNCDOCTOR_CHECK_EVERY", DEFAULT_CHECK_EVERY)))
+        self.baseline = baseline  # the single-card recipe (lr, batch_size), for the doctor
+        self.check_every = max(1, int(check_every or os.environ.get("SYNCDOCTOR_CHECK_EVERY") or DEFAULT_CHECK_EVERY))
         self.tensor_norms_every = tensor_norms_every or self.check_every * 5
         self.activations_every = activations_every
         self.activation_stride = max(1, activation_stride)
         self._check_timeout_s = check_timeout_s
         self.on_mismatch = on_mismatch
+        self.log_path = Path(log_path) if log_path else None
+        self.auto = auto  # zero-code: the loss is what reaches backward(), the scale GradScaler's
+        self.init_param_fp_local = init_param_fp_local
         self.writer = RecordWriter(self.run_dir, self.rank)
         self.disabled = False
         self.closed = False
@@ -91,24 +105,34 @@ class Probe:
         self.backward = 0
         self._backward_at_last_step = 0
         # what the current iteration reported
-        self._losses: list[torch.Tensor | float] = []
-        self._data_fps: list[int] = []
+        self._losses: list[torch.Tensor | float] = []  # through probe.loss()
+        self._auto_losses: list[torch.Tensor] = []  # scalars that reached backward()
+        self._data_fps: list[int] = []  # through probe.batch()
         self._samples = 0
+        self._ids: list[int] = []  # the reported sample ids, up to MAX_IDS per step
+        self._input_fps: list[int] = []  # the model's input, when the script reports no batch
+        self._input_samples = 0
+        self._input_fp_s = 0.0  # moving average of the input hash's cost, and of the step time
+        self._step_s = 0.0
+        self._last_t: float | None = None
         self._loss_scale: float | None = None
-        self._pre_reduce_sq: float = 0.0
-        self._pre_reduce_seen = False
+        self._local_norms: dict[int, torch.Tensor] = {}  # per-parameter local (pre-reduce) grad norms
+        self._local_norm_handles: list[Any] = []
         self._buffer_fp: int | None = None
         self._acts: list[list[Any]] = []
         self._last_tensor_fps: list[int] = []
         self._last_grad_fps: list[int] = []
+        self.last_losses: deque[tuple[int, float | None]] = deque(maxlen=LAST_LOSSES)
+        self.last_grad_norm: float | None = None
         self._measuring = True  # the first iteration is measured: step 1 is a check step
         self.checker: CrossRankCheck | None = None
         self._named_params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
-        self._guard(self._install_model_hooks, register_comm_hook)
+        self._param_ids = {id(p) for _, p in self._named_params}
+        self._guard(self._install_model_hooks)
         if optimizer is not None:
             self.bind_optimizer(optimizer)
         _active.append(self)
-        atexit.register(self.close)
+        atexit.register(self._close_at_exit)
 
     # ------------------------------------------------------------------ setup
     def bind_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -119,18 +143,23 @@ class Probe:
         self.optimizer = optimizer
         self._guard(self._start, optimizer)
 
+    def owns(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether `optimizer` updates this probe's parameters."""
+        return any(id(p) in self._param_ids for g in optimizer.param_groups for p in g["params"])
+
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
         self._handles.append(optimizer.register_step_post_hook(self._after_step_hook))
         names = [n for n, _ in self._named_params]
-        self.writer.write(
-            "snapshot",
-            **build_snapshot(
-                rank=self.rank, world_size=self.world_size, model=self.model, optimizer=optimizer,
-                loss_fn=self.loss_fn, loader=self.loader, global_batch=self.global_batch,
-                tensor_names=names, init_param_fp=combine(fingerprints(p for _, p in self._named_params)),
-            ),
-            check_every=self.check_every,
+        snapshot = build_snapshot(
+            rank=self.rank, world_size=self.world_size, model=self.model, optimizer=optimizer,
+            loss_fn=self.loss_fn, loader=self.loader, global_batch=self.global_batch,
+            tensor_names=names, init_param_fp=combine(fingerprints(p for _, p in self._named_params)),
         )
+        if self.init_param_fp_local is not None:
+            snapshot["init_param_fp_local"] = self.init_param_fp_local
+        self._config_fp = config_fingerprint(snapshot)
+        self.writer.write("snapshot", **snapshot, check_every=self.check_every, auto=self.auto,
+                          baseline=self.baseline)
         if self.distributed and self.world_size > 1:
             self.checker = CrossRankCheck(self, timeout_s=self.check_timeout_s())
 
@@ -142,38 +171,54 @@ class Probe:
         env = os.environ.get("SYNCDOCTOR_CHECK_TIMEOUT")
         return float(env) if env else 60.0
 
-    def _install_model_hooks(self, register_comm_hook: bool) -> None:
+    def _install_model_hooks(self) -> None:
         if self._named_params:
             first = self._named_params[0][1]
             self._handles.append(first.register_post_accumulate_grad_hook(self._on_backward))
-        self._handles.append(self.module.register_forward_pre_hook(self._on_forward_start))
+        self._forward_handle: Any = None
+        self._arm_forward()
         if self.activations_every:
             # Every k-th block: the playbook's "intermediate loss" view of where ranks part.
             for i, child in enumerate(self.module.children()):
                 if i % self.activation_stride == 0:
                     name = f"{i}:{type(child).__name__}"
                     self._handles.append(child.register_forward_hook(self._activation_hook(name)))
-        if register_comm_hook and isinstance(self.model, _ddp_class()):
-            self._register_measuring_comm_hook()
-        _patch_all_reduce()
+        self._arm_local_norms()  # step 1 is measured
 
-    def _register_measuring_comm_hook(self) -> None:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    def _arm_forward(self) -> None:
+        """The forward pre-hook (buffers, the input's fingerprint) is in place only when it
+        has work: measured iterations, and every step while hashing the input is cheap.
+        A module with no hooks keeps torch's fast call path."""
+        wanted = self._measuring or self._input_fp_s <= DATA_FP_BUDGET * self._step_s
+        if wanted and self._forward_handle is None:
+            self._forward_handle = self.module.register_forward_pre_hook(self._on_forward_start)
+        elif not wanted and self._forward_handle is not None:
+            self._forward_handle.remove()
+            self._forward_handle = None
 
-        # No annotations: DDP inspects them, and this module's are strings (PEP 563).
-        def measuring_allreduce(state, bucket):  # type: ignore[no-untyped-def]
-            if self._measuring:
-                self._guard(self._add_pre_reduce, bucket.buffer())
-            _local.inside = True
+    def _arm_local_norms(self) -> None:
+        """For a measured iteration: a post-accumulate-grad hook on every parameter
+        reads the local gradient. These hooks run inside backward before DDP's reducer
+        hook and before a hand-written all_reduce, so what they see is this rank's
+        own gradient (accumulated over no_sync micro-steps; the last one wins). They
+        exist only during measured iterations: no per-step cost, and no DDP comm hook,
+        so the user's own register_comm_hook is untouched."""
+        for i, (_, p) in enumerate(self._named_params):
+            self._local_norm_handles.append(
+                p.register_post_accumulate_grad_hook(functools.partial(self._on_local_grad, i)))
+
+    def _disarm_local_norms(self) -> None:
+        for handle in self._local_norm_handles:
+            handle.remove()
+        self._local_norm_handles = []
+
+    def _on_local_grad(self, index: int, param: torch.Tensor) -> None:
+        if param.grad is not None and not self.disabled:
             try:
-                return default_hooks.allreduce_hook(state, bucket)
-            finally:
-                _local.inside = False
-
-        try:
-            self.model.register_comm_hook(None, measuring_allreduce)
-        except RuntimeError:  # the user already registered one: all_reduce is measured instead
-            pass
+                # A norm, not pow(2).sum(): no temporary the size of the gradient, no host sync.
+                self._local_norms[index] = torch.linalg.vector_norm(param.grad.detach())
+            except Exception:
+                pass
 
     # ------------------------------------------------------------------ user API
     def loss(self, value: torch.Tensor | float) -> None:
@@ -188,8 +233,11 @@ class Probe:
         try:
             self._data_fps.append(ids_fingerprint(sample_ids))
             self._samples += len(sample_ids)
+            if len(self._ids) < MAX_IDS:
+                ids = sample_ids.tolist() if hasattr(sample_ids, "tolist") else list(sample_ids)
+                self._ids.extend(int(i) for i in ids[: MAX_IDS - len(self._ids)])
         except Exception:
-            pass
+            pass  # ids that are not integers: the fingerprint is enough
 
     def scale(self, loss_scale: float) -> None:
         """Report the AMP loss scale in use for this iteration."""
@@ -200,17 +248,18 @@ class Probe:
         if not self.disabled:
             self._guard(self._end_iteration, False, overflow)
 
-    def close(self) -> None:
+    def close(self, status: str = "ok", message: str = "") -> None:
         if self.closed:
             return
         self.closed = True
         try:
             if self.checker is not None:
-                self.checker.finish()
-            self.writer.write("end", rank=self.rank, step=self.step, t=time.time(), status="ok", message="")
+                self.checker.finish(min(CLOSE_WAIT_S, self.checker.timeout_s))
+            self.writer.write("end", rank=self.rank, step=self.step, t=time.time(), status=status,
+                              message=message[:2000])
         except Exception:
             pass
-        for handle in self._handles:
+        for handle in [*self._handles, *self._local_norm_handles, self._forward_handle]:
             try:
                 handle.remove()
             except Exception:
@@ -219,22 +268,44 @@ class Probe:
         if self in _active:
             _active.remove(self)
 
+    def _close_at_exit(self) -> None:
+        # An uncaught exception was printed (PyErr_Print sets sys.last_value) before atexit runs.
+        error = getattr(sys, "last_value", None)
+        if error is not None:
+            self.close("exception", f"{type(error).__name__}: {error}")
+        else:
+            self.close()
+
     # ------------------------------------------------------------------ hooks
     def _on_backward(self, _param: torch.Tensor) -> None:
         self.backward += 1
 
+    def on_backward_call(self, loss: torch.Tensor) -> None:
+        """Zero-code mode: a scalar passed to backward() is this micro-step's loss."""
+        if not self.disabled:
+            self._auto_losses.append(loss.detach())
+
     def _on_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         # Inside DDP's forward, after it broadcast rank 0's buffers: the moment buffers must match.
-        if self._measuring and not self.disabled:
+        if not self.disabled:
             self._guard(self._measure_forward_start, module, args)
 
     def _measure_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if self._buffer_fp is None:
+        if self._measuring and self._buffer_fp is None:
             buffers = [b for b in module.buffers() if b.is_floating_point()]
             self._buffer_fp = combine(fingerprints(buffers)) if buffers else None
         if not self._data_fps and args and isinstance(args[0], torch.Tensor):
-            self._data_fps.append(ids_fingerprint(args[0]))
-            self._samples += int(args[0].shape[0]) if args[0].dim() else 1
+            # The input itself identifies the batch when the script reports no ids; large
+            # inputs on an accelerator only at check steps (the hash reads every byte).
+            x = args[0]
+            every_step = (x.device.type == "cpu" and x.nbytes <= DATA_FP_MAX_BYTES
+                          and self._input_fp_s <= DATA_FP_BUDGET * self._step_s)
+            if self._measuring or every_step:
+                t0 = time.perf_counter()
+                self._input_fps.append(ids_fingerprint(x))
+                self._input_samples += int(x.shape[0]) if x.dim() else 1
+                cost = time.perf_counter() - t0
+                self._input_fp_s = cost if not self._input_fp_s else 0.9 * self._input_fp_s + 0.1 * cost
 
     def _activation_hook(self, name: str) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -244,11 +315,6 @@ class Probe:
                 self._acts.append([name, o.mean().item(), o.std().item() if o.numel() > 1 else 0.0])
 
         return hook
-
-    def _add_pre_reduce(self, tensor: torch.Tensor) -> None:
-        if tensor.is_floating_point() and tensor.numel() >= 64:
-            self._pre_reduce_sq += float(tensor.detach().float().pow(2).sum())
-            self._pre_reduce_seen = True
 
     def _after_step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.disabled:
@@ -261,31 +327,52 @@ class Probe:
         self.opt_steps += int(stepped)
         micro = self.backward - self._backward_at_last_step
         self._backward_at_last_step = self.backward
+        now = time.time()
+        if self._last_t is not None:  # a moving average of the step time sets what is affordable
+            gap = now - self._last_t
+            self._step_s = gap if not self._step_s else 0.9 * self._step_s + 0.1 * gap
+        self._last_t = now
+        loss = self._mean_loss()
+        data_fps, samples = (self._data_fps, self._samples) if self._data_fps else (self._input_fps, self._input_samples)
         record: dict[str, Any] = {
             "rank": self.rank, "step": self.step, "micro": micro, "backward": self.backward,
-            "opt_steps": self.opt_steps, "t": time.time(), "loss": self._mean_loss(),
-            "lr": self._lr(), "samples": self._samples or None,
-            "data_fp": combine(self._data_fps) if self._data_fps else None,
+            "opt_steps": self.opt_steps, "t": now, "loss": loss,
+            "lr": self._lr(), "samples": samples or None,
+            "data_fp": combine(data_fps) if data_fps else None,
             "loss_scale": self._loss_scale, "overflow": overflow if (overflow or self._loss_scale) else None,
         }
+        if self._ids:
+            record["ids"] = self._ids
         if self._measuring:
             record.update(self._measurements())
         self.writer.write("step", **record)
+        self.last_losses.append((self.step, loss))
         check_now = self._measuring and self.checker is not None
         if check_now:
             self.checker.submit(record)  # type: ignore[union-attr]
-        self._losses, self._data_fps, self._samples, self._acts = [], [], 0, []
-        self._pre_reduce_sq, self._pre_reduce_seen, self._buffer_fp = 0.0, False, None
-        self._measuring = (self.step + 1) % self.check_every == 0 or self.step + 1 == 1
+        self._losses, self._auto_losses, self._data_fps, self._samples, self._acts = [], [], [], 0, []
+        self._input_fps, self._input_samples, self._ids = [], 0, []
+        self._local_norms, self._buffer_fp = {}, None
+        was_measuring = self._measuring
+        self._measuring = (self.step + 1) % self.check_every == 0
+        if was_measuring and not self._measuring:
+            self._disarm_local_norms()
+        elif self._measuring and not was_measuring:
+            self._arm_local_norms()
+        self._arm_forward()
         if check_now and self.checker is not None and self.checker.pending_error is not None:
             error, self.checker.pending_error = self.checker.pending_error, None
             raise error
 
     def _mean_loss(self) -> float | None:
-        if not self._losses:
+        values = self._losses or self._auto_losses
+        if not values:
             return None
-        values = [v.item() if isinstance(v, torch.Tensor) else v for v in self._losses]
-        return float(sum(values) / len(values))
+        floats = [v.item() if isinstance(v, torch.Tensor) else v for v in values]
+        mean = float(sum(floats) / len(floats))
+        if not self._losses and self._loss_scale:
+            mean /= self._loss_scale  # what reached backward() was scaled by GradScaler
+        return mean
 
     def _lr(self) -> float | None:
         try:
@@ -305,13 +392,16 @@ class Probe:
         out["opt_fp"] = combine(fingerprints(self._optimizer_state()))
         out["buffer_fp"] = self._buffer_fp
         out["train_mode"] = self._train_mode()
+        out["config_fp"] = self._config_fp ^ config_fingerprint({"groups": self._group_hparams()})
         if present:
             norms = torch._foreach_norm(present)
             out["grad_norm"] = float(torch.linalg.vector_norm(torch.stack(norms)))
+            self.last_grad_norm = out["grad_norm"]
             if self.step % self.tensor_norms_every == 0 or self.step == 1:
                 out["tensor_norms"] = [float(n) for n in norms]
-        if self._pre_reduce_seen:
-            local = math.sqrt(self._pre_reduce_sq) / (self._loss_scale or 1.0)
+        if self._local_norms:
+            local = float(torch.linalg.vector_norm(torch.stack(list(self._local_norms.values()))))
+            local /= self._loss_scale or 1.0
             out["grad_norm_local"] = local
             if out.get("grad_norm") is not None and local > 0:
                 out["reduce_ratio"] = out["grad_norm"] / local
@@ -319,6 +409,12 @@ class Probe:
             out["acts"] = self._acts
         self._last_tensor_fps, self._last_grad_fps = tensor_fps, grad_fps
         return out
+
+    def _group_hparams(self) -> list[dict[str, Any]]:
+        if self.optimizer is None:
+            return []
+        return [{k: v for k, v in g.items() if k != "params" and isinstance(v, (int, float, str, bool))}
+                for g in self.optimizer.param_groups]
 
     def _optimizer_state(self) -> list[torch.Tensor]:
         if self.optimizer is None:
@@ -331,8 +427,13 @@ class Probe:
         return tensors
 
     def _train_mode(self) -> str:
+        """"n/m" modules in train mode; when they are mixed, a hex bitmap of which."""
         modes = [m.training for m in self.module.modules()]
-        return f"{sum(modes)}/{len(modes)}"
+        n = sum(modes)
+        if 0 < n < len(modes):
+            bits = int("".join("1" if m else "0" for m in modes), 2)
+            return f"{n}/{len(modes)}:{bits:x}"
+        return f"{n}/{len(modes)}"
 
     def _guard(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -358,34 +459,31 @@ class NullProbe:
     def batch(self, sample_ids: Any) -> None: ...
     def scale(self, loss_scale: float) -> None: ...
     def skipped(self, overflow: bool = True) -> None: ...
-    def close(self) -> None: ...
+    def close(self, status: str = "ok", message: str = "") -> None: ...
 
 
-_original_all_reduce: Callable[..., Any] | None = None
-
-
-def _patch_all_reduce() -> None:
-    """Measure the local gradient norm entering every all_reduce during measured
-    iterations: hand-written data parallelism and users' own DDP comm hooks."""
-    global _original_all_reduce
-    if _original_all_reduce is not None:
-        return
-    _original_all_reduce = dist.all_reduce
-
-    def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if not getattr(_local, "inside", False):
-            for probe in _active:
-                if probe._measuring and not probe.disabled:
-                    probe._guard(probe._add_pre_reduce, tensor)
-        return _original_all_reduce(tensor, *args, **kwargs)  # type: ignore[misc]
-
-    dist.all_reduce = all_reduce
+def probe_for_module(module: torch.nn.Module) -> Probe | None:
+    inner = module.module if isinstance(module, _ddp_class()) else module
+    for probe in _active:
+        if probe.model is module or probe.module is inner:
+            return probe
+    return None
 
 
 def attach(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
            enabled: bool = True, **kwargs: Any) -> Probe | NullProbe:
-    """Attach the probe in one line; see Probe for the options."""
+    """Attach the probe in one line; see Probe for the options. Under `syncdoctor run`
+    the model is usually watched already: that probe is returned (and bound to
+    `optimizer`), so a script may call attach and still run zero-code."""
     if not enabled or os.environ.get("SYNCDOCTOR_DISABLE"):
         return NullProbe()
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    existing = probe_for_module(model)
+    if existing is not None:
+        for name in ("loss_fn", "loader", "global_batch"):
+            if name in kwargs and existing.optimizer is None:
+                setattr(existing, name, kwargs[name])
+        if optimizer is not None:
+            existing.bind_optimizer(optimizer)
+        return existing
     return Probe(model, optimizer, **kwargs)

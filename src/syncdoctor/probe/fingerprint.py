@@ -4,7 +4,9 @@ Healthy data parallelism keeps parameters, reduced gradients and optimizer state
 bitwise identical across ranks, so fingerprints must change with any bit: a 1-ULP
 change, two swapped elements, two swapped tensors. CPU tensors are hashed in place
 with xxh3 (no copy, ≈12 GB/s here); tensors on an accelerator are reduced on the
-device with integer arithmetic so that no copy crosses to the host.
+device with integer arithmetic so that no copy crosses to the host, in slices so
+that the int64 temporaries stay small (the probe's extra memory budget is 5% of the
+parameter bytes), and read back with one host sync for all tensors.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ def to_int64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
+_COLS = 1024
+_SLICE_ROWS = 256  # 256 × 1024 int64 = 2 MiB of temporaries per slice
+
+
 def tensor_fingerprint(t: torch.Tensor) -> int:
     t = t.detach()
     if t.device.type == "cpu":
@@ -35,32 +41,56 @@ def tensor_fingerprint(t: torch.Tensor) -> int:
 def _raw_bytes(t: torch.Tensor) -> np.ndarray:
     if not t.is_contiguous():
         t = t.contiguous()
-    if t.numel() == 0:
-        return np.zeros(0, dtype=np.uint8)
-    return t.reshape(-1).view(torch.uint8).numpy()
+    if t.numel() == 0 or t.dim() == 0:
+        return t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, dtype=np.uint8)
+    return t.view(torch.uint8).numpy()  # a contiguous tensor's bytes, any shape: no reshape needed
 
 
 def _device_fingerprint(t: torch.Tensor) -> torch.Tensor:
     """Row sums and column sums of the raw bits seen as a (rows × 1024) matrix, each
     weighted by its odd position: a swap inside a row moves two column sums, a swap
-    inside a column moves two row sums, any single-bit change moves both."""
-    bits = t.contiguous().reshape(-1).view(_INT_VIEW[t.element_size()]).to(torch.int64)
-    cols = 1024
-    n_main = bits.numel() // cols * cols
-    main, tail = bits[:n_main].view(-1, cols), bits[n_main:]
-    row_w = torch.arange(main.shape[0], device=t.device, dtype=torch.int64) * 2 + 1
-    col_w = torch.arange(cols, device=t.device, dtype=torch.int64) * 2 + 1
-    tail_w = torch.arange(tail.numel(), device=t.device, dtype=torch.int64) * 2 + 1
-    return (
-        (main.sum(1) * row_w).sum()
-        + (main.sum(0) * col_w).sum() * 1_000_003
-        + (tail * tail_w).sum() * 998_244_353
-        + bits.numel()
-    )
+    inside a column moves two row sums, any single-bit change moves both. Computed
+    slice by slice of rows; int64 arithmetic wraps around, so the sum is exact."""
+    bits = t.contiguous().reshape(-1).view(_INT_VIEW[t.element_size()])
+    dev = t.device
+    n_rows = bits.numel() // _COLS
+    col_w = torch.arange(_COLS, device=dev, dtype=torch.int64) * 2 + 1
+    row_part = torch.zeros((), device=dev, dtype=torch.int64)
+    col_sums = torch.zeros(_COLS, device=dev, dtype=torch.int64)
+    for r0 in range(0, n_rows, _SLICE_ROWS):
+        r1 = min(n_rows, r0 + _SLICE_ROWS)
+        block = bits[r0 * _COLS : r1 * _COLS].view(-1, _COLS).to(torch.int64)
+        row_w = torch.arange(r0, r1, device=dev, dtype=torch.int64) * 2 + 1
+        row_part += (block.sum(1) * row_w).sum()
+        col_sums += block.sum(0)
+    tail = bits[n_rows * _COLS :].to(torch.int64)
+    tail_w = torch.arange(tail.numel(), device=dev, dtype=torch.int64) * 2 + 1
+    return row_part + (col_sums * col_w).sum() * 1_000_003 + (tail * tail_w).sum() * 998_244_353 + bits.numel()
 
 
-def fingerprints(tensors: Iterable[torch.Tensor | None]) -> list[int]:
-    return [0 if t is None else tensor_fingerprint(t) for t in tensors]
+def fingerprints(tensors: Iterable[torch.Tensor | None], device_path: bool = False) -> list[int]:
+    """Per-tensor fingerprints (0 for None). Accelerator tensors are reduced on their
+    device and read back together: one host sync, not one per tensor. `device_path`
+    sends CPU tensors that way too (tests, on machines without an accelerator)."""
+    out: list[int] = []
+    on_device: list[tuple[int, torch.Tensor]] = []
+    for t in tensors:
+        if t is None:
+            out.append(0)
+        elif t.device.type == "cpu" and not device_path:
+            out.append(to_int64(xxhash.xxh3_64_intdigest(_raw_bytes(t.detach()))))
+        else:
+            on_device.append((len(out), _device_fingerprint(t.detach())))
+            out.append(0)
+    if on_device:
+        by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
+        for index, value in on_device:
+            by_device.setdefault(value.device, []).append((index, value))
+        for items in by_device.values():
+            values = torch.stack([v for _, v in items]).tolist()
+            for (index, _), value in zip(items, values, strict=True):
+                out[index] = int(value)
+    return out
 
 
 def combine(values: Sequence[int]) -> int:

@@ -62,6 +62,8 @@ def user_source_files() -> dict[str, str]:
         path = getattr(module, "__file__", None)
         if not path or not path.endswith(".py") or path.startswith(skip) or path.startswith(own):
             continue
+        if getattr(module, "__name__", "") == "sitecustomize" and "/.syncdoctor/boot/" in path:
+            continue  # the one `syncdoctor run` generated
         digest = sha256_file(path)
         if digest:
             files[os.path.relpath(path)] = digest

@@ -20,6 +20,26 @@ from syncdoctor.records.schema import RECORDS_SUBDIR, SCHEMA_VERSION, STEP_SCHEM
 
 _RANK_FILE = re.compile(r"rank(\d+)\.jsonl$")
 _STEP_PREFIX = b'{"v":1,"kind":"step"'
+# The largest world size believed: a corrupt or hostile record claiming 2**62 ranks
+# must not make the reader (or a report) walk every rank number up to it.
+MAX_WORLD_SIZE = 1 << 20
+
+_DICT, _LIST, _STR, _NUM = dict, list, str, (int, float)
+# Top-level types of the fields the doctor reads from the non-step records; null is
+# always allowed. A record that breaks them is skipped and counted like a corrupt
+# line, so the analyses can trust what they get (docs/records.md).
+_FIELD_TYPES: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "snapshot": {"world_size": int, "local_rank": int, "framework": _STR, "host": _STR, "t": _NUM,
+                 "env": _DICT, "versions": _DICT, "code": _DICT, "rng": _DICT, "seed": _DICT,
+                 "loss": _DICT, "optimizer": _DICT, "ddp": _DICT, "loader": _DICT,
+                 "global_batch": int, "tensors": _LIST, "init_param_fp": int, "check_every": int,
+                 "baseline": _DICT},
+    "check": {"step": int, "status": _STR, "what": _LIST, "ranks": _LIST, "tensor": _STR,
+              "detail": _DICT},
+    "event": {"step": int, "t": _NUM, "event": _STR, "message": _STR},
+    "end": {"step": int, "t": _NUM, "status": _STR, "message": _STR},
+}
+_REQUIRED = {"check": ("step",)}  # the doctor orders checks by step
 
 
 @dataclass
@@ -35,7 +55,8 @@ class RunRecords:
 
     @property
     def world_size(self) -> int | None:
-        sizes = {s.get("world_size") for s in self.snapshots.values()} - {None}
+        sizes = {s.get("world_size") for s in self.snapshots.values()}
+        sizes = {n for n in sizes if isinstance(n, int) and 0 < n <= MAX_WORLD_SIZE}
         return max(sizes) if sizes else (max(self.ranks) + 1 if self.ranks else None)
 
 
@@ -54,6 +75,7 @@ def read_run(run_dir: str | Path) -> RunRecords:
     if not files:
         raise RecordError(f"{rec_dir}: no rank*.jsonl record files")
     out = RunRecords(run_dir=run_dir)
+    files = _plausible_files(files, out)
     step_chunks: list[bytes] = []
     for rank, path in files:
         out.ranks.append(rank)
@@ -63,8 +85,23 @@ def read_run(run_dir: str | Path) -> RunRecords:
     if world:
         missing = sorted(set(range(world)) - set(out.ranks))
         if missing:
-            out.warnings.append(f"no record file for ranks {missing} of world size {world}")
+            shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
+            out.warnings.append(f"no record file for ranks [{shown}] of world size {world}")
     return out
+
+
+def _plausible_files(files: list[tuple[int, Path]], out: RunRecords) -> list[tuple[int, Path]]:
+    """Drop rank numbers beyond MAX_WORLD_SIZE and a second file for one rank
+    (rank7.jsonl and rank007.jsonl): one file per rank, named by its rank."""
+    kept: dict[int, Path] = {}
+    for rank, path in files:
+        if rank >= MAX_WORLD_SIZE:
+            out.warnings.append(f"{path.name}: rank {rank} is beyond any real world size; skipped")
+        elif rank in kept:
+            out.warnings.append(f"{path.name}: a second record file for rank {rank}; skipped")
+        else:
+            kept[rank] = path
+    return sorted(kept.items())
 
 
 def _read_rank_file(rank: int, path: Path, out: RunRecords) -> bytes:
@@ -102,7 +139,11 @@ def _read_rank_file(rank: int, path: Path, out: RunRecords) -> bytes:
                 f"(this syncdoctor reads version {SCHEMA_VERSION})"
             )
         kind = rec.get("kind")
-        rec.setdefault("rank", rank)
+        if not _well_typed(rec, kind):
+            bad += 1
+            continue
+        if type(rec.get("rank")) is not int:  # missing or mangled: the file names the rank
+            rec["rank"] = rank
         if kind == "snapshot":
             out.snapshots[rank] = rec
         elif kind == "check":
@@ -120,6 +161,19 @@ def _read_rank_file(rank: int, path: Path, out: RunRecords) -> bytes:
     return b"\n".join(steps) + b"\n" if steps else b""
 
 
+def _well_typed(rec: dict[str, Any], kind: Any) -> bool:
+    types = _FIELD_TYPES.get(kind, {})
+    for key, expected in types.items():
+        value = rec.get(key)
+        if value is None:
+            if key in _REQUIRED.get(kind, ()):
+                return False
+        # bool is an int in Python, never in the format
+        elif not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
+            return False
+    return True
+
+
 def _parse_steps(blob: bytes, out: RunRecords) -> pl.DataFrame:
     if not blob:
         return pl.DataFrame(schema=STEP_SCHEMA)
@@ -132,7 +186,31 @@ def _parse_steps(blob: bytes, out: RunRecords) -> pl.DataFrame:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            rows.append({k: rec.get(k) for k in STEP_SCHEMA})
+            if isinstance(rec, dict):
+                rows.append({k: _coerce(rec.get(k), dtype) for k, dtype in STEP_SCHEMA.items()})
         out.warnings.append("some step records were corrupt and skipped")
         frame = pl.DataFrame(rows, schema=STEP_SCHEMA, strict=False)
-    return frame.sort(["rank", "step"])
+    # Every analysis groups by rank and step: a row without them (or with a rank no
+    # real job has) is dropped here rather than breaking them downstream.
+    usable = frame.filter(pl.col("step").is_not_null()
+                          & pl.col("rank").is_between(0, MAX_WORLD_SIZE - 1))
+    if usable.height < frame.height:
+        out.warnings.append(f"{frame.height - usable.height} step records without a usable "
+                            "rank or step skipped")
+    return usable.sort(["rank", "step"])
+
+
+def _coerce(value: Any, dtype: pl.DataType) -> Any:
+    """A JSON value as ``dtype`` holds it, else None: what polars' ignore_errors
+    does on the fast path, for the lines it could not take at all."""
+    if isinstance(dtype, pl.List):
+        return [_coerce(v, dtype.inner) for v in value] if isinstance(value, list) else None
+    if isinstance(value, bool) or dtype == pl.Boolean:
+        return value if isinstance(value, bool) and dtype == pl.Boolean else None
+    if dtype == pl.Int64:
+        return value if isinstance(value, int) and -(2**63) <= value < 2**63 else None
+    if dtype == pl.Float64:
+        return float(value) if isinstance(value, float) or (isinstance(value, int) and abs(value) < 2**1000) else None
+    if dtype == pl.String and isinstance(value, str):
+        return value.encode("utf-8", "replace").decode()  # lone surrogates from \ud800 escapes
+    return None

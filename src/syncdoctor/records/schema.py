@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import polars as pl
 
-SCHEMA_VERSION = 1
-RECORDS_SUBDIR = "records"
-KINDS = ("snapshot", "step", "check", "event", "end")
+from syncdoctor.records.constants import KINDS, RECORDS_SUBDIR, SCHEMA_VERSION, records_path
+
+__all__ = ["KINDS", "RECORDS_SUBDIR", "SCHEMA_VERSION", "STEP_SCHEMA", "RecordError", "records_path"]
 
 
 class RecordError(Exception):
@@ -42,8 +42,3 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
     "tensor_fps": pl.List(pl.Int64()),
 }
 
-
-def records_path(run_dir, rank: int):
-    from pathlib import Path
-
-    return Path(run_dir) / RECORDS_SUBDIR / f"rank{rank}.jsonl"

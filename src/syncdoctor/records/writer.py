@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from syncdoctor.records.schema import SCHEMA_VERSION, records_path
+from syncdoctor.records.constants import SCHEMA_VERSION, records_path
 
 
 def _split_nonfinite(fields: dict[str, Any]) -> dict[str, str]:
@@ -25,6 +25,10 @@ def _split_nonfinite(fields: dict[str, Any]) -> dict[str, str]:
             nonfinite[key] = str(value)
             fields[key] = None
     return nonfinite
+
+
+# One encoder for every record: json.dumps with options builds a new encoder per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str, allow_nan=False)
 
 
 class RecordWriter:
@@ -47,7 +51,7 @@ class RecordWriter:
         record = {"v": SCHEMA_VERSION, "kind": kind, **fields}
         try:
             # Nested non-finite floats (a list of norms) become null rather than invalid JSON.
-            line = json.dumps(record, separators=(",", ":"), default=str, allow_nan=False)
+            line = _ENCODER.encode(record)
         except ValueError:
             line = json.dumps(_nulled(record), separators=(",", ":"), default=str)
         try:

@@ -1,0 +1,239 @@
+"""Overhead of the torch probe: step time and extra peak memory, as a ratio to the
+un-probed run in the same invocation.
+
+Two ranks over gloo on loopback, one thread each. Each rank holds three DDP
+replicas of the same model, one per configuration (no probe, the probe with its
+defaults, the probe checking every step), so a comm hook the probe registered never
+touches the un-probed runs. The configurations run in interleaved segments (the
+order shuffled each round, the same on both ranks); a segment's time is the wall
+time of all its steps, check steps included, so the comparison is the real
+amortised cost. Reported: the median over rounds of (probed segment / un-probed
+segment of the same round), and the ratio of the median segment times.
+
+Extra peak memory: in an untimed pass after the timed rounds, around every probe
+call the process's peak RSS is reset (/proc/self/clear_refs) and read back (VmHWM);
+the largest rise over the RSS before the call, as a fraction of the model's
+parameter bytes. (Probe work inside backward, the local-norm hooks, allocates only
+scalars.)
+
+    python benchmarks/bench_probe.py            # full: CNN and MLP, ~5 min
+    python benchmarks/bench_probe.py --quick    # CI-sized
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+CONFIGS = ("off", "default", "every")
+
+
+# ----------------------------------------------------------------------------- memory
+def _rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+class PeakProbe:
+    """Largest rise of the process's peak RSS during the wrapped calls."""
+
+    def __init__(self) -> None:
+        self.max_rise_kib = 0
+        self.works = os.access("/proc/self/clear_refs", os.W_OK)
+
+    def wrap(self, fn: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            if not self.works:
+                return fn(*args, **kwargs)
+            Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
+            before = _rss_kib("VmRSS")
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.max_rise_kib = max(self.max_rise_kib, _rss_kib("VmHWM") - before)
+
+        return wrapped
+
+
+# ----------------------------------------------------------------------------- one rank
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    sys.path.insert(0, str(HERE))
+    from models import ResNetSmall, mlp, param_bytes
+
+    from syncdoctor.probe import core
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    torch.manual_seed(0)  # the same initial weights everywhere; the batches differ by rank below
+    if args.model == "cnn":
+        base, batch = ResNetSmall(), (torch.randn(args.batch, 3, 32, 32), torch.randint(0, 10, (args.batch,)))
+    else:
+        base, batch = mlp(), (torch.randn(args.batch, 256), torch.randint(0, 10, (args.batch,)))
+    models, optimizers, probes = {}, {}, {}
+    peak = PeakProbe()
+    torch.manual_seed(100 + rank)
+    batch = tuple(torch.randn_like(t) if t.is_floating_point() else torch.randint_like(t, 10) for t in batch)
+    for name in CONFIGS:
+        replica = type(base)() if args.model == "cnn" else mlp()
+        replica.load_state_dict(base.state_dict())
+        models[name] = DDP(replica)
+        optimizers[name] = torch.optim.SGD(replica.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    run_dir = Path(args.tmp)
+    for name, every in (("default", None), ("every", 1)):
+        probe = core.Probe(models[name], optimizers[name], run_dir / name, check_every=every,
+                           check_timeout_s=60)
+        probes[name] = probe
+
+    def step(name: str) -> None:
+        x, y = batch
+        loss = loss_fn(models[name](x), y)
+        optimizers[name].zero_grad(set_to_none=True)
+        loss.backward()
+        if name in probes:
+            probes[name].loss(loss)
+        optimizers[name].step()
+
+    for name in CONFIGS:  # warm-up: allocator, DDP's first iterations, the probe's step 1
+        for _ in range(args.warmup):
+            step(name)
+    order_rng = random.Random(1234)  # the same order on every rank
+    seg: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    for _ in range(args.rounds):
+        order = list(CONFIGS)
+        order_rng.shuffle(order)
+        for name in order:
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                step(name)
+            seg[name].append((time.perf_counter() - t0) / args.steps)
+    # Memory in a separate, untimed pass: reading /proc around every probe call costs
+    # more than the probe's own per-step work. Warm-up above took the first-call costs.
+    for name, probe in probes.items():
+        original = probe._end_iteration
+        probe._end_iteration = peak.wrap(original)  # type: ignore[method-assign]
+        for _ in range(2 * core.DEFAULT_CHECK_EVERY):
+            step(name)
+        probe._end_iteration = original  # type: ignore[method-assign]
+    mismatches = 0
+    for probe in probes.values():
+        probe.close()
+    for name in probes:
+        for line in (run_dir / name / "records" / f"rank{rank}.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            mismatches += rec["kind"] == "check" and rec["status"] != "ok"
+    if rank == 0:
+        result = {"model": args.model, "params": sum(p.numel() for p in base.parameters()),
+                  "param_bytes": param_bytes(base), "segments": seg, "steps": args.steps,
+                  "rounds": args.rounds, "default_k": core.DEFAULT_CHECK_EVERY,
+                  "peak_rise_kib": peak.max_rise_kib, "peak_measured": peak.works,
+                  "mismatches": mismatches}
+        Path(args.result).write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- driver
+def run_pair(model: str, rounds: int, steps: int, warmup: int, batch: int, timeout_s: float) -> dict[str, Any]:
+    sys.path.insert(0, str(HERE.parent / "src"))
+    from syncdoctor.lab.launch import free_port, run_ranks
+
+    with tempfile.TemporaryDirectory(prefix="bench_probe_") as tmp:
+        port, result = free_port(), Path(tmp) / "result.json"
+        commands, envs, logs = [], [], []
+        for rank in range(2):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                       WORLD_SIZE="2", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+            env.pop("SYNCDOCTOR_RUN_DIR", None)
+            commands.append([sys.executable, str(Path(__file__).resolve()), "--worker", "--model", model,
+                             "--rounds", str(rounds), "--steps", str(steps), "--warmup", str(warmup),
+                             "--batch", str(batch), "--tmp", tmp, "--result", str(result)])
+            envs.append(env)
+            logs.append(Path(tmp) / f"rank{rank}.log")
+        codes, timed_out = run_ranks(commands, envs, logs, timeout_s)
+        if timed_out or any(codes) or not result.exists():
+            tail = logs[0].read_text()[-3000:] if logs[0].exists() else ""
+            raise SystemExit(f"benchmark ranks failed: codes={codes} timed_out={timed_out}\n{tail}")
+        return json.loads(result.read_text())
+
+
+def summarize(res: dict[str, Any]) -> dict[str, Any]:
+    seg = res["segments"]
+    out: dict[str, Any] = {"model": res["model"], "params": res["params"],
+                           "step_ms_off": statistics.median(seg["off"]) * 1000}
+    for name in ("default", "every"):
+        per_round = [p / o for p, o in zip(seg[name], seg["off"], strict=True)]
+        out[f"{name}_ratio_rounds"] = statistics.median(per_round)
+        out[f"{name}_ratio_medians"] = statistics.median(seg[name]) / statistics.median(seg["off"])
+    out["peak_extra_pct_of_params"] = 100 * res["peak_rise_kib"] * 1024 / res["param_bytes"]
+    out["peak_measured"] = res["peak_measured"]
+    out["mismatches"] = res["mismatches"]
+    out["default_k"] = res["default_k"]
+    return out
+
+
+TARGETS = {"cnn": {"default": 1.003, "every": 1.01}, "mlp": {"default": 1.02, "every": 1.10}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a short CI-sized run")
+    p.add_argument("--models", default="cnn,mlp")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=0, help="interleaved rounds (default: 7, quick 2)")
+    p.add_argument("--steps", type=int, default=0, help="steps per segment (default per model)")
+    p.add_argument("--warmup", type=int, default=0)
+    p.add_argument("--batch", type=int, default=0)
+    p.add_argument("--tmp", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--json", help="also write the summary here")
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    # Segment lengths are multiples of the default K so each segment holds the same checks.
+    plans = {"cnn": {"steps": 20, "warmup": 3, "batch": 16}, "mlp": {"steps": 400, "warmup": 50, "batch": 64}}
+    summaries = []
+    for model in args.models.split(","):
+        plan = plans[model]
+        rounds = args.rounds or (2 if args.quick else 7)
+        steps = args.steps or (plan["steps"] // 2 if args.quick else plan["steps"])
+        res = run_pair(model, rounds, steps, args.warmup or plan["warmup"], args.batch or plan["batch"],
+                       timeout_s=1800)
+        summary = summarize(res)
+        summaries.append(summary)
+        t = TARGETS[model]
+        print(f"{model}: {summary['params']:,} params, un-probed step {summary['step_ms_off']:.2f} ms, "
+              f"{rounds} rounds x {steps} steps, default K={summary['default_k']}")
+        for name in ("default", "every"):
+            ok = "meets" if summary[f"{name}_ratio_rounds"] <= t[name] else "MISSES"
+            print(f"  {name:8s} x{summary[f'{name}_ratio_rounds']:.4f} (median of per-round ratios), "
+                  f"x{summary[f'{name}_ratio_medians']:.4f} (ratio of medians)  target <= {t[name]}: {ok}")
+        mem = summary["peak_extra_pct_of_params"]
+        print(f"  extra peak memory around probe calls: {mem:.2f}% of parameter bytes "
+              f"(target <= 5%){'' if summary['peak_measured'] else ' [not measurable here]'}; "
+              f"mismatches reported: {summary['mismatches']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summaries, indent=1))
+
+
+if __name__ == "__main__":
+    main()

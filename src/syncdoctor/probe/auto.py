@@ -1,0 +1,289 @@
+"""Zero-code attach for torch: the patches `syncdoctor run` applies right after
+`torch` is imported in a process (see boot.py). Each one calls the original first or
+last and does its own work under `_safe`, so the user's program sees the same
+results, the same exceptions and the same exit code.
+
+- `init_process_group`: the process is a rank; remember the group timeout (the
+  probe's check never waits longer) and tee the output to logs/rank{R}.log.
+- `DistributedDataParallel.__init__`: fingerprint the replica before DDP's broadcast
+  (an unseeded init is otherwise hidden), then attach a probe to the new wrapper.
+- a global optimizer step post-hook: bind the probe to the optimizer at its first
+  step; without DDP (a hand-written all-reduce loop) create the probe there.
+- `torch.autograd.backward`: a scalar reaching backward() is the loss.
+- `GradScaler._maybe_opt_step`: the loss scale, and the skipped step on overflow.
+- `DataLoader.__init__`, `_Loss.__init__`: remember them for the snapshot.
+- `destroy_process_group`: close the probe first (exit and uncaught exceptions are
+  handled by the probe's own atexit close).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import inspect
+import os
+import sys
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from syncdoctor.probe import boot, core
+
+MAX_TRACKED = 16  # loaders / loss modules remembered for the snapshot
+_state: dict[str, Any] = {"installed": False, "pg_timeout_s": None, "backward_calls": 0,
+                          "pending_losses": []}
+_loaders: list[weakref.ref[Any]] = []
+_loss_modules: list[weakref.ref[Any]] = []
+
+
+def _safe(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception as exc:  # the probe must never change what the program does
+        try:
+            print(f"syncdoctor: probe error ignored: {type(exc).__name__}: {exc}", file=sys.stderr)
+        except Exception:
+            pass
+        return None
+
+
+def _is_rank() -> bool:
+    if boot.is_helper():
+        return False
+    return (dist.is_available() and dist.is_initialized()) or boot.launcher_rank() is not None
+
+
+def _probe_kwargs() -> dict[str, Any]:
+    rank = dist.get_rank() if dist.is_initialized() else boot.launcher_rank() or 0
+    folder = boot.run_dir() or core.DEFAULT_RUN_DIR
+    return {"run_dir": folder, "check_timeout_s": _state["pg_timeout_s"], "auto": True,
+            "log_path": os.path.join(folder, "logs", f"rank{rank}.log")}
+
+
+def _new_probe(model: torch.nn.Module, **kwargs: Any) -> core.Probe:
+    probe = core.Probe(model, None, **_probe_kwargs(), **kwargs)
+    for loss in _state["pending_losses"]:
+        probe.on_backward_call(loss)
+    _state["pending_losses"] = []
+    if _state.get("pending_scale") is not None:  # read by the scaler before this first step
+        probe.scale(_state.pop("pending_scale"))
+    return probe
+
+
+# ---------------------------------------------------------------------- process group
+def _after_init(args: tuple[Any, ...], kwargs: dict[str, Any], original: Callable[..., Any]) -> None:
+    bound = inspect.signature(original).bind_partial(*args, **kwargs).arguments
+    timeout = bound.get("timeout")
+    if timeout is None:
+        backend = bound.get("backend") or dist.get_backend()
+        timeout = dist.distributed_c10d._get_default_timeout(backend)
+    _state["pg_timeout_s"] = float(timeout.total_seconds())
+    boot.become_rank(dist.get_rank())
+
+
+def _close_all(status: str = "ok", message: str = "") -> None:
+    for probe in list(core._active):
+        probe.close(status, message)
+
+
+# ---------------------------------------------------------------------- DDP
+def _attach_ddp(ddp: Any, pre_sync_fp: int | None) -> None:
+    if core.probe_for_module(ddp) is None and _is_rank():
+        _new_probe(ddp, init_param_fp_local=pre_sync_fp)
+
+
+def _local_fp(module: torch.nn.Module) -> int:
+    from syncdoctor.probe.fingerprint import combine, fingerprints
+
+    return combine(fingerprints(p for p in module.parameters() if p.requires_grad))
+
+
+# ---------------------------------------------------------------------- optimizer
+class _ParamsView(torch.nn.Module):
+    """Stands in for the model when no module holding the optimizer's parameters was
+    found: names them by param group and position."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        super().__init__()
+        self._named = [(f"group{g}.param{i}", p) for g, group in enumerate(optimizer.param_groups)
+                       for i, p in enumerate(group["params"])]
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return iter(self._named)
+
+
+def _find_module(optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+    """The root module whose parameters the optimizer updates (once, at the first step
+    of a hand-written data-parallel loop, so a scan of live objects is affordable)."""
+    wanted = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+    children = {id(c) for m in modules for c in m.children()}
+    best: tuple[int, int, torch.nn.Module] | None = None
+    for module in modules:
+        if id(module) in children or isinstance(module, _ParamsView):
+            continue
+        ids = [id(p) for p in module.parameters()]
+        overlap = sum(1 for i in ids if i in wanted)
+        if overlap and (best is None or (overlap, -len(ids)) > best[:2]):
+            best = (overlap, -len(ids), module)
+    if best is not None and best[0] == len(wanted):
+        return best[2]
+    return _ParamsView(optimizer)
+
+
+def _latest(refs: list[weakref.ref[Any]], prefer: Callable[[Any], bool]) -> Any:
+    alive = [obj for obj in (r() for r in refs) if obj is not None]
+    preferred = [obj for obj in alive if _safe(prefer, obj)]
+    return (preferred or alive or [None])[0]
+
+
+def _bind(probe: core.Probe, optimizer: torch.optim.Optimizer) -> None:
+    """The optimizer's first step: everything the snapshot needs is built by now."""
+    if probe.loader is None:
+        probe.loader = _latest(_loaders, lambda d: "Distributed" in type(getattr(d, "sampler", None)).__name__)
+    if probe.loss_fn is None:
+        probe.loss_fn = _latest(_loss_modules, lambda _m: True)
+    if probe.global_batch is None and probe.loader is not None:
+        batch = getattr(probe.loader, "batch_size", None)
+        micro = max(1, probe.backward - probe._backward_at_last_step)
+        if isinstance(batch, int):
+            probe.global_batch = batch * probe.world_size * micro
+    probe.bind_optimizer(optimizer)
+
+
+def _probe_for_optimizer(optimizer: torch.optim.Optimizer, create: bool) -> tuple[core.Probe | None, bool]:
+    """(probe, bound_now): the probe recording this optimizer, binding or creating one."""
+    for probe in core._active:
+        if probe.optimizer is optimizer:
+            return probe, False
+    for probe in core._active:
+        if probe.optimizer is None and probe.owns(optimizer):
+            _bind(probe, optimizer)
+            return probe, True
+    if not create or any(p.owns(optimizer) for p in core._active) or not _is_rank():
+        return None, False  # a second optimizer of a watched model, or not a rank
+    probe = _new_probe(_find_module(optimizer))
+    probe.backward = _state["backward_calls"]  # the backward passes before this first step
+    _bind(probe, optimizer)
+    return probe, True
+
+
+def _on_any_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    probe, bound_now = _probe_for_optimizer(optimizer, create=True)
+    if probe is not None and bound_now:
+        # The optimizer's own post-hooks ran before this global one; from the next step on
+        # the probe's hook (registered at binding) records each step.
+        probe._after_step_hook(optimizer, args, kwargs)
+
+
+# ---------------------------------------------------------------------- loss and AMP
+def _capture_loss(loss: torch.Tensor) -> None:
+    _state["backward_calls"] += 1
+    if core._active:
+        for probe in core._active:
+            probe.on_backward_call(loss)
+    elif _is_rank() and len(_state["pending_losses"]) < 64:
+        _state["pending_losses"].append(loss.detach())
+
+
+def _scaler_before(scaler: Any, optimizer: torch.optim.Optimizer) -> core.Probe | None:
+    probe, _ = _probe_for_optimizer(optimizer, create=False)
+    if getattr(scaler, "_scale", None) is not None:
+        scale = float(scaler._scale.item())  # already synced: the scaler just read found_inf
+        if probe is not None:
+            probe.scale(scale)
+        elif _is_rank():  # a hand-written loop: the probe is created at this optimizer's first step
+            _state["pending_scale"] = scale
+    return probe
+
+
+def _scaler_after(probe: core.Probe, optimizer_state: dict[str, Any]) -> None:
+    if sum(v.item() for v in optimizer_state["found_inf_per_device"].values()):
+        probe.skipped(overflow=True)
+
+
+# ---------------------------------------------------------------------- install
+def _wrap(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    original = getattr(owner, name)
+    if getattr(original, "_syncdoctor", False):
+        return
+    patched = functools.wraps(original)(make(original))
+    patched._syncdoctor = True  # type: ignore[attr-defined]
+    setattr(owner, name, patched)
+
+
+def _remember(refs: list[weakref.ref[Any]]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            if len(refs) < MAX_TRACKED:
+                _safe(refs.append, weakref.ref(self))
+
+        return __init__
+
+    return make
+
+
+def install() -> None:
+    if _state["installed"] or not dist.is_available():
+        return
+    _state["installed"] = True
+    from torch.amp.grad_scaler import GradScaler
+    from torch.nn.modules.loss import _Loss
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.utils.data import DataLoader
+
+    def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            _safe(_after_init, args, kwargs, original)
+            return result
+
+        return init_process_group
+
+    def make_destroy(original: Callable[..., Any]) -> Callable[..., Any]:
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            if not args and kwargs.get("group") is None:  # the whole job ends: the probe's group too
+                _safe(_close_all)
+            return original(*args, **kwargs)
+
+        return destroy_process_group
+
+    def make_ddp_init(original: Callable[..., Any]) -> Callable[..., Any]:
+        def __init__(self: Any, module: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+            pre = _safe(_local_fp, module) if _is_rank() else None
+            original(self, module, *args, **kwargs)
+            _safe(_attach_ddp, self, pre)
+
+        return __init__
+
+    def make_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+                _safe(_capture_loss, tensors)
+            return original(tensors, *args, **kwargs)
+
+        return backward
+
+    def make_scaler_step(original: Callable[..., Any]) -> Callable[..., Any]:
+        def _maybe_opt_step(self: Any, optimizer: Any, optimizer_state: Any, *args: Any, **kwargs: Any) -> Any:
+            probe = _safe(_scaler_before, self, optimizer)
+            result = original(self, optimizer, optimizer_state, *args, **kwargs)
+            if probe is not None:
+                _safe(_scaler_after, probe, optimizer_state)
+            return result
+
+        return _maybe_opt_step
+
+    _wrap(dist, "init_process_group", make_init)
+    _wrap(dist, "destroy_process_group", make_destroy)
+    _wrap(DistributedDataParallel, "__init__", make_ddp_init)
+    _wrap(torch.autograd, "backward", make_backward)
+    _wrap(GradScaler, "_maybe_opt_step", make_scaler_step)
+    _wrap(DataLoader, "__init__", _remember(_loaders))
+    _wrap(_Loss, "__init__", _remember(_loss_modules))
+    register_optimizer_step_post_hook(_on_any_step)

@@ -1,0 +1,14 @@
+"""The parts of the record format the writer needs, without polars: the probe runs
+inside every training process and must import fast (schema.py holds the frame types)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+RECORDS_SUBDIR = "records"
+KINDS = ("snapshot", "step", "check", "event", "end")
+
+
+def records_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / RECORDS_SUBDIR / f"rank{rank}.jsonl"

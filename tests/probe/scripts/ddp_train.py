@@ -1,0 +1,124 @@
+"""An ordinary DDP training script, with no syncdoctor in it: what `syncdoctor run`
+must attach to. Options used by the tests: --exit-code (end with that code),
+--comm-hook (register the script's own DDP comm hook), --steps, --seed.
+
+With SYNCDOCTOR_TEST_PAUSE="where:rank:step" (kill tests only) one rank stops at a
+chosen point (mid-record, just before the check, inside the comm hook), writes
+SYNCDOCTOR_TEST_MARKER and sleeps until the test SIGKILLs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+PAUSE = os.environ.get("SYNCDOCTOR_TEST_PAUSE", "")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--exit-code", type=int, default=0)
+    p.add_argument("--comm-hook", action="store_true")
+    p.add_argument("--pg-timeout", type=float, default=20.0)
+    return p.parse_args(argv)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def pause_here(where: str, rank: int, step: int) -> None:
+    if not PAUSE:
+        return
+    p_where, p_rank, p_step = PAUSE.split(":")
+    if where == p_where and rank == int(p_rank) and step == int(p_step):
+        with open(os.environ["SYNCDOCTOR_TEST_MARKER"], "w") as fh:
+            fh.write(str(os.getpid()))
+        time.sleep(3600)
+
+
+def install_pause_points(rank: int, state: dict) -> None:
+    """Kill tests only: stop inside the probe's record writer or just before its check."""
+    if not PAUSE:
+        return
+    from syncdoctor.probe.check import CrossRankCheck
+    from syncdoctor.records.writer import RecordWriter
+
+    write, submit = RecordWriter.write, CrossRankCheck.submit
+
+    p_where, p_rank, p_step = PAUSE.split(":")
+
+    def paused_write(self, kind, **fields):  # type: ignore[no-untyped-def]
+        if (kind, p_where, rank, fields.get("step")) == ("step", "record", int(p_rank), int(p_step)):
+            os.write(self._fd, b'{"v":1,"kind":"step","rank":%d,"step":' % rank)  # half a record
+            pause_here("record", rank, fields["step"])
+        return write(self, kind, **fields)
+
+    def paused_submit(self, record):  # type: ignore[no-untyped-def]
+        pause_here("check", rank, record["step"])
+        return submit(self, record)
+
+    RecordWriter.write, CrossRankCheck.submit = paused_write, paused_submit
+
+
+def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=args.pg_timeout))
+    torch.manual_seed(args.seed)
+    g = torch.Generator().manual_seed(1234)
+    data = TensorDataset(torch.randn(512, 1, 8, 8, generator=g), torch.randint(0, 10, (512,), generator=g))
+    sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(data, batch_size=16, sampler=sampler, drop_last=True)
+    model = DDP(Net())
+    state = {"step": 0}
+    install_pause_points(rank, state)
+    if args.comm_hook:
+        def mean_hook(hook_state, bucket):  # type: ignore[no-untyped-def]
+            pause_here("hook", rank, state["step"] + 1)
+            buf = bucket.buffer().div_(world_size)
+            return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+        model.register_comm_hook(None, mean_hook)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    epoch = 0
+    while state["step"] < args.steps:
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss = loss_fn(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            state["step"] += 1
+            print(f"rank {rank} step {state['step']} loss {loss.item():.4f}", flush=True)
+            if state["step"] >= args.steps:
+                break
+        epoch += 1
+    print(f"rank {rank} done", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    arguments = parse()
+    train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), arguments)
+    sys.exit(arguments.exit_code)

@@ -1,0 +1,144 @@
+"""The probe on real lab runs (2 ranks over gloo, shared with the lab and doctor tests
+through the session-wide `lab` fixture): every fault that changes replica state is
+reported within K steps of its onset, with the ranks involved and the first
+differing tensor; clean runs report nothing; the check never outlives a dead rank."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from syncdoctor.lab.plan import RankPlan
+from syncdoctor.lab.runner import run_lab
+from syncdoctor.probe.core import DEFAULT_CHECK_EVERY
+from syncdoctor.records import read_run
+
+pytestmark = pytest.mark.slow
+
+K = DEFAULT_CHECK_EVERY
+ONSET = RankPlan(rank=0, world_size=2).onset
+PG_TIMEOUT_S = 10.0
+
+# fault, variant -> (onset: the first optimizer step whose result differs, what the first
+# mismatch must include, first differing tensor)
+STATE_FAULTS = {
+    ("skipped-step", ""): (ONSET, {"param", "counter"}, "conv1.weight"),
+    # the extra update is the bad rank's optimizer step ONSET + 1
+    ("extra-step", ""): (ONSET + 1, {"param", "opt"}, "conv1.weight"),
+    ("optimizer-state-mismatch", ""): (ONSET, {"param", "config"}, "conv1.weight"),
+    # the reduction leaves the rank out from the iteration after step ONSET completed
+    ("dropped-rank", ""): (ONSET + 1, {"param", "grad"}, "conv1.weight"),
+    ("grad-accum-misaligned", "no_sync"): (ONSET, {"counter"}, None),
+    ("init-mismatch", ""): (1, {"param"}, "conv1.weight"),
+    ("mode-mismatch", ""): (1, {"mode"}, None),
+    ("loss-hparam-mismatch", ""): (1, {"config"}, None),
+}
+
+
+def mismatches(checks: list[dict]) -> list[dict]:
+    return sorted((c for c in checks if c["status"] == "mismatch"), key=lambda c: (c["step"], c["rank"]))
+
+
+@pytest.mark.parametrize(("fault", "variant"), list(STATE_FAULTS), ids=lambda v: v or "-")
+def test_state_fault_onset_ranks_and_first_tensor(lab, fault: str, variant: str) -> None:
+    onset, what, tensor = STATE_FAULTS[(fault, variant)]
+    run = read_run(lab(fault, variant).out)
+    bad = mismatches(run.checks)
+    assert bad, f"{fault}: no mismatch reported"
+    first = bad[0]
+    assert onset <= first["step"] < onset + K, (fault, first["step"])
+    assert what <= set(first["what"]), first["what"]
+    assert first["ranks"] == [1]
+    assert {c["rank"] for c in bad if c["step"] == first["step"]} == {0, 1}  # every rank reports it
+    named = [c["tensor"] for c in bad if c.get("tensor")]
+    if tensor:
+        assert named and named[0] == tensor
+    else:
+        assert not named
+
+
+def test_no_sync_extra_micro_step_shows_only_in_the_counters(lab) -> None:
+    run = read_run(lab("grad-accum-misaligned", "no_sync").out)
+    micro = run.steps.filter(pl.col("step") >= ONSET).group_by("rank").agg(pl.col("micro").unique())
+    per_rank = {r: sorted(m) for r, m in zip(micro["rank"], micro["micro"], strict=True)}
+    assert per_rank == {0: [4], 1: [5]}
+    first = mismatches(run.checks)[0]
+    assert first["what"] == ["counter"]  # no tensor differs: parameters stayed bitwise equal
+    assert first["detail"]["micro"] == [4, 5]
+
+
+def test_duplicate_data_is_flagged_from_the_first_step(lab) -> None:
+    for fault in ("shard-overlap", "duplicate-rank-id"):
+        first = mismatches(read_run(lab(fault).out).checks)[0]
+        assert first["step"] == 1 and first["what"] == ["data"] and first["ranks"] == [0, 1]
+
+
+def test_local_overflow_skip_is_reported_within_k_of_the_first_disagreeing_skip(lab) -> None:
+    run = read_run(lab("fp16-overflow", "local_skip").out)
+    flags = run.steps.group_by("step").agg(pl.col("overflow").n_unique().alias("k"), pl.col("opt_steps").n_unique().alias("o"))
+    parted = flags.filter((pl.col("k") > 1) | (pl.col("o") > 1))["step"].min()
+    assert parted is not None
+    first = mismatches(run.checks)[0]
+    assert parted <= first["step"] < parted + K
+
+
+def test_unsynchronised_buffers_are_noted_not_flagged(lab) -> None:
+    checks = read_run(lab("buffer-divergence").out).checks
+    assert any(c["detail"].get("buffers_differ_unsynced") for c in checks if c["status"] == "ok")
+    assert not [c for c in checks if c["status"] == "mismatch" and "buffer" in c["what"]]
+
+
+def test_summed_gradients_show_in_the_reduce_ratio(lab) -> None:
+    def ratio(fault: str) -> float:
+        steps = read_run(lab(fault).out).steps.filter(pl.col("reduce_ratio").is_not_null())
+        return float(steps["reduce_ratio"].median())
+
+    assert ratio("grad-sum") == pytest.approx(2 * ratio("clean"), rel=0.05)  # world size 2
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_clean_runs_raise_no_mismatch(lab, world_size: int, seed: int) -> None:
+    result = lab("clean", world_size=world_size, seed=seed)
+    assert result.ok
+    run = read_run(result.out)
+    assert not [c for c in run.checks if c["status"] != "ok"]
+    assert {c["rank"] for c in run.checks} == set(range(world_size))
+    assert len({c["step"] for c in run.checks}) >= 150 // K  # checks really ran all along
+    assert set(run.ends) == set(range(world_size)) and not run.warnings
+
+
+@pytest.mark.parametrize("fault", ["rank-crash", "comm-timeout"])
+def test_a_failing_rank_never_makes_the_probe_hang(lab, fault: str) -> None:
+    result = lab(fault)
+    assert not result.timed_out
+    run = read_run(result.out)
+    for rank in (0, 1):
+        ended = run.ends.get(rank)
+        incomplete = [c for c in run.checks if c["rank"] == rank and c["status"] == "incomplete"]
+        assert ended or incomplete, rank
+    assert run.ends[1]["status"] == "exception"
+    # Every step before the failure is on record for every rank.
+    assert run.steps.filter(pl.col("rank") == 0)["step"].to_list() == list(range(1, ONSET))
+
+
+def test_on_mismatch_raise_stops_every_rank_and_dumps_evidence(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("SYNCDOCTOR_ON_MISMATCH", "raise")
+    # A fault that keeps the ranks' step counters aligned, so both reach the check that
+    # reads the result (two checks after the mismatching one: the gathers are asynchronous).
+    result = run_lab("optimizer-state-mismatch", world_size=2, steps=60, onset=12, out=tmp_path / "run",
+                     pg_timeout_s=PG_TIMEOUT_S)
+    assert not result.timed_out and all(code not in (0, None) for code in result.exit_codes)
+    for rank in (0, 1):
+        log = (result.out / f"train.log{rank}").read_text()
+        assert "SyncMismatchError: GRADIENT_SYNC: rank 0 and rank 1 parameter mismatch at step 20" in log
+    bundles = sorted((result.out / "evidence").glob("step20.rank*.json"))
+    assert len(bundles) == 2
+    bundle = json.loads(bundles[1].read_text())
+    assert bundle["ranks"] == [1] and "param" in bundle["what"] and bundle["tensor"] == "conv1.weight"
+    assert bundle["per_rank"]["opt_steps"] == [20, 20] and bundle["counters"]["step"] >= 30
+    assert bundle["last_losses"] and bundle["per_rank"]["grad_norm"][0] is not None
+    run = read_run(result.out)
+    assert {r for r, e in run.ends.items() if e["status"] == "exception"} == {0, 1}
