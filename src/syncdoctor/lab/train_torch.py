@@ -145,22 +145,24 @@ local_overflow = False
 
 def reduce_flat(flat: torch.Tensor) -> torch.Tensor:
     global local_overflow
-    if plan.fp16_grads:
-        flat.copy_(flat.to(torch.float16).to(flat.dtype))  # above 65504 becomes inf
-        if plan.loss_scale == "dynamic_local" and not torch.isfinite(flat).all():
-            # The bug: the overflow decision is taken on this rank's local gradients, and
-            # the rank sends zeros instead of infs, so the other ranks never learn of it.
-            local_overflow = True
-            flat.zero_()
     group = None
     members = world_size
     if plan.drop_rank_at is not None and step >= plan.drop_rank_at:
         if rank == plan.dropped_rank:
             return flat  # timed out, retried, and now left out: it keeps its own gradients
         group, members = survivors, world_size - 1
-    dist.all_reduce(flat, group=group)
+    # As DDP's fp16_compress_hook: the gradients travel and are summed in float16.
+    wire = flat.to(torch.float16) if plan.fp16_grads else flat  # above 65504 becomes inf
+    if plan.loss_scale == "dynamic_local" and not torch.isfinite(wire).all():
+        # The bug: the overflow decision is taken on this rank's local gradients, and
+        # the rank sends zeros instead of infs, so the other ranks never learn of it.
+        local_overflow = True
+        wire.zero_()
     if plan.reduce_op == "mean":
-        flat.div_(members)
+        wire.div_(members)
+    dist.all_reduce(wire, group=group)
+    if wire is not flat:
+        flat.copy_(wire)
     return flat
 
 

@@ -394,6 +394,7 @@ class Probe:
         out["train_mode"] = self._train_mode()
         out["config_fp"] = self._config_fp ^ config_fingerprint({"groups": self._group_hparams()})
         if present:
+            out["grad_fp16"] = fp16_exact(present)
             norms = torch._foreach_norm(present)
             out["grad_norm"] = float(torch.linalg.vector_norm(torch.stack(norms)))
             self.last_grad_norm = out["grad_norm"]
@@ -450,6 +451,27 @@ class Probe:
             except Exception:
                 pass
             return None
+
+
+FP16_SAMPLE = 256  # values per gradient tensor looked at
+
+
+def fp16_exact(grads: list[torch.Tensor]) -> bool | None:
+    """Whether the gradients hold float16 values (they were computed or reduced in
+    fp16, e.g. fp16 training or fp16 gradient compression). A sample of each tensor
+    suffices: a float32 gradient value is fp16-representable with odds of ~2^-13."""
+    seen = 0
+    for g in grads:
+        if g.dtype == torch.float16:
+            return True
+        if g.dtype != torch.float32:
+            return None
+        sample = g.detach().reshape(-1)[:FP16_SAMPLE]
+        sample = sample[sample != 0]
+        if sample.numel() and not torch.equal(sample.half().float(), sample):
+            return False
+        seen += sample.numel()
+    return True if seen >= 64 else None
 
 
 class NullProbe:

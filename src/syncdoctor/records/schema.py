@@ -34,6 +34,7 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
     "samples": pl.Int64(),
     "loss_scale": pl.Float64(),
     "overflow": pl.Boolean(),
+    "grad_fp16": pl.Boolean(),
     "train_mode": pl.String(),
     "opt_steps": pl.Int64(),
     "grad_fp": pl.Int64(),
