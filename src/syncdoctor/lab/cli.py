@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     matrix = lab_sub.add_parser("matrix", help="every fault through lab, probe and doctor: the detection matrix")
     _common(matrix)
     matrix.add_argument("--json", action="store_true")
+    matrix.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
     matrix.add_argument("--out", default="runs/matrix")
     matrix.add_argument("--only", nargs="*", help="only these faults")
     matrix.set_defaults(func=cmd_matrix)
@@ -118,6 +119,14 @@ def cmd_matrix(args: argparse.Namespace) -> int:
                       progress=progress)
     if args.json:
         print(json.dumps([r.to_json() for r in rows], indent=1))
+    elif args.markdown:
+        print("| fault | variant | seed | top category | correct | onset | detected at | run |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            step = "—" if r.detection_step is None else str(r.detection_step)
+            print(f"| {r.fault} | {r.variant or '—'} | {r.seed} | {r.top_category} ({r.top_code or '—'}) | "
+                  f"{'✓' if r.correct else '✗'} | {r.onset_step or '—'} | {step} | {r.duration_s:.0f} s |")
+        print(f"\n{sum(r.correct for r in rows)}/{len(rows)} correct")
     else:
         table = Table(title=f"detection matrix ({args.framework}, world size {args.world_size})")
         for col in ("fault", "variant", "seed", "detected", "top category", "correct", "onset", "detected at"):

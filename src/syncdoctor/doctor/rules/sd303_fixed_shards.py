@@ -33,7 +33,12 @@ class ShuffleAfterShard(Rule):
         overlap = ev.sample_overlap
         if overlap is None or overlap["same_subset"] < 0.95 or overlap["cross_overlap"] > 0.02:
             return None
-        return self.found(0.8, [
-            f"every rank read the same set of samples in epoch 2 as in epoch 1 (Jaccard ≥ {overlap['same_subset']:.2f});"
-            " a shuffle before sharding would give a new subset each epoch",
-        ], ranks=ev.ranks)
+        evidence = [f"every rank read the same set of samples in epoch 2 as in epoch 1 (Jaccard ≥ "
+                    f"{overlap['same_subset']:.2f}); a shuffle before sharding would give a new subset each epoch"]
+        offsets = ev.offsets
+        if offsets is not None:
+            steady = [r for r, t in offsets.t_stat.items() if abs(t) > 6 and offsets.same_sign[r] >= 0.9]
+            if steady:
+                evidence.append("its fixed slice shows in the loss: " + ", ".join(
+                    f"rank {r} sits {offsets.by_rank[r]:+.0%} from the others" for r in sorted(steady)))
+        return self.found(0.8, evidence, ranks=ev.ranks)
