@@ -1,18 +1,15 @@
 """The HTML report: escaping checked statically, then for real in headless Chromium.
 
 CI runs scripts/install_chromium.sh first; without Chromium the browser test is
-skipped (with the reason), the static checks still run.
+skipped (with the reason), the static checks still run. The browser helpers are
+shared with tests/reliability/test_hostile_e2e.py (tests/fixtures/report/browser.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,24 +17,8 @@ import pytest
 from syncdoctor.doctor.report import render_html
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "report"))
+from browser import CHROMIUM, SKIP_REASON, dump_dom, hostile_traces  # noqa: E402
 from hostile import HOSTILE_TEXTS, TOP_TITLE, hostile_diagnosis  # noqa: E402
-
-CHROMIUM = shutil.which("chromium") or (
-    "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None
-)
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",  # tests run as root in CI containers
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--enable-logging=stderr",
-    "--v=0",
-    "--virtual-time-budget=5000",
-]
 
 
 @pytest.fixture(scope="module")
@@ -90,36 +71,17 @@ def test_csp_allows_only_our_scripts(page):
     assert len(script_src) == 2 and all(s.startswith("'sha256-") for s in script_src)
 
 
-@pytest.mark.skipif(
-    CHROMIUM is None, reason="chromium not installed (run scripts/install_chromium.sh)"
-)
+@pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
 def test_report_renders_in_headless_chromium_without_running_hostile_code(page, tmp_path):
     report = tmp_path / "report.html"
     report.write_text(page, encoding="utf-8")
-    with tempfile.TemporaryDirectory() as profile:
-        proc = subprocess.run(
-            [
-                CHROMIUM,
-                *CHROMIUM_FLAGS,
-                f"--user-data-dir={profile}",
-                "--dump-dom",
-                report.as_uri(),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+    proc = dump_dom(report)
     assert proc.returncode == 0, proc.stderr[-2000:]
     dom = proc.stdout
     # The charts drew: plotly built its SVGs and our script marked success.
     assert 'data-charts="drawn"' in dom, re.findall(r'id="sd-chart-status"[^<]*<', dom)
     assert dom.count('class="main-svg"') >= 2
     assert 'id="sd-loss"' in dom and 'id="sd-heat"' in dom
-    # No hostile payload ran: each would have changed the title or set data-pwned.
-    assert re.search(r"<title>syncdoctor report</title>", dom)
-    assert "PWNED</title>" not in dom
-    assert 'data-pwned="yes"' not in dom
-    assert not re.search(r"<img\b", dom, re.I)
-    # The page logs nothing to the console: no errors, no CSP violations.
-    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
-    assert not console, "\n".join(console)
+    # No hostile payload ran (a title change, data-pwned, an <img>), and the page
+    # logged nothing to the console: no errors, no CSP violations.
+    assert hostile_traces(proc) == []

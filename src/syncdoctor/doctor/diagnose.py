@@ -17,6 +17,7 @@ from syncdoctor.records.reader import is_run_dir
 # Categories that say "not the collaboration between cards".
 NOT_SYNC = {"healthy", "train.divergence", "hparam.lr_scaling"}
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+MAX_MISSING_ROWS = 1024  # absent ranks listed one row each; more become one warning
 
 
 def load_evidence(paths: Sequence[str | Path]) -> Evidence:
@@ -93,6 +94,12 @@ def rank_summaries(ev: Evidence) -> list[RankSummary]:
     failed = {e.rank for e in ev.events_of("crash", "oom")}
     expected = range(ev.world_size) if ev.world_size else ev.ranks
     present = set(ev.ranks)
+    absent = len(expected) - len(present.intersection(expected))
+    if absent > MAX_MISSING_ROWS:
+        # One stray rank99999.log must not turn the report into 100,000 "missing" rows.
+        ev.warnings.append(f"{absent} of {len(expected)} ranks left no records or loss lines; "
+                           f"only the {len(present)} that did are listed")
+        expected = ev.ranks
     for rank in expected:
         last, mean = stats.get(rank, (None, None))
         if rank not in present:

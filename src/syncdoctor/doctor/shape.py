@@ -95,6 +95,9 @@ class _Features:
     rel_moves: np.ndarray  # d / local level
 
 
+# Finite losses near 1e308 overflow in the feature sums: the shape is still read
+# (as inf amplitudes), without a RuntimeWarning per series on the user's terminal.
+@np.errstate(over="ignore", invalid="ignore", divide="ignore")
 def classify(
     values: Sequence[float],
     steps: Sequence[int] | None = None,

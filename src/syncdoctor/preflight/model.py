@@ -12,6 +12,9 @@ Severity = Literal["error", "warning", "info"]
 Target = Literal["script", "rank_table", "env", "manifest"]
 SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
 TARGETS: tuple[Target, ...] = ("script", "rank_table", "env", "manifest")
+# C0/C1 controls, DEL and the bidirectional overrides, written as Python escapes.
+_ESCAPES = {c: ascii(chr(c))[1:-1]
+            for c in (*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
 
 
 @dataclass(frozen=True, order=True)
@@ -24,8 +27,10 @@ class PreflightFinding:
     message: str
 
     def render(self) -> str:
-        """One ruff-style line: `path:line:col CODE message`."""
-        return f"{self.path}:{self.line}:{self.col} {self.code} {self.message}"
+        """One ruff-style line: `path:line:col CODE message`. Messages quote the
+        inputs (a server_id, a device_ip), so control characters are shown escaped:
+        a hostile rank table must not break the line or drive the terminal."""
+        return f"{self.path}:{self.line}:{self.col} {self.code} {self.message}".translate(_ESCAPES)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -133,6 +133,9 @@ def _read_rank_file(rank: int, path: Path, out: RunRecords) -> bytes:
         if not isinstance(rec, dict):
             bad += 1
             continue
+        if rec.get("v") is None:  # JSON, but not a record: damage, like a torn line
+            bad += 1
+            continue
         if rec.get("v") != SCHEMA_VERSION:
             raise RecordError(
                 f"{path}:{lineno}: record schema version {rec.get('v')!r} is not supported "

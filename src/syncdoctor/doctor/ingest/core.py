@@ -322,7 +322,8 @@ class _FileReader:
             if result.warning:
                 who = "" if rank is None else f" rank {rank}:"
                 self.warnings.append(f"{self.log.source}:{who} {result.warning}")
-        return frame.with_columns(pl.Series("step", out, dtype=pl.Int64))
+        # strict=False: a step shifted past Int64 by absurd epoch numbers becomes null
+        return frame.with_columns(pl.Series("step", out, dtype=pl.Int64, strict=False))
 
     def format_name(self) -> str:
         if self.formats:

@@ -248,7 +248,7 @@ def _fill(spec: _Spec, text: str, pos: Callable[[int], int] | None = None) -> Lo
             point.step = _to_int(value)
             if tot is not None:
                 ta, tb = (pos(tot[0]), pos(tot[1])) if pos is not None else tot
-                point.step_total = int(text[ta:tb])
+                point.step_total = _to_total(text[ta:tb])
         elif name == "epoch":
             point.epoch = value if math.isfinite(value) else None
         elif name == "rank":
@@ -304,6 +304,11 @@ class LossParser:
 
 def _to_int(value: float) -> int | None:
     return int(value) if math.isfinite(value) and abs(value) < 2**62 else None
+
+
+def _to_total(digits: str) -> int | None:
+    # Longer would not fit the Int64 column (and int() refuses over 4,300 digits).
+    return int(digits) if len(digits) < 19 else None
 
 
 def _format_name(body: str, loss: re.Match[str]) -> str:
