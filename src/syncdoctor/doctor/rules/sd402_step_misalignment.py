@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.evidence import Evidence, majority_outliers
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
 
@@ -45,8 +45,8 @@ class StepMisalignment(Rule):
                      for name in ("micro", "backward", "opt_steps") if name in table and len(set(table[name].values())) > 1]
             evidence.append(f"at step {div.step} counters differ across ranks {sorted(table.get('micro', {}))}: " + "; ".join(parts))
         if uneven_micro:
-            common = max(set(micro.values()), key=list(micro.values()).count)
-            odd = [r for r, m in micro.items() if m != common]
+            odd = majority_outliers(micro)
+            common = micro[next(r for r in sorted(micro) if r not in odd)]
             evidence.append(f"micro-steps per update: {common} on most ranks, "
                             + ", ".join(f"{micro[r]} on rank {r}" for r in odd))
             ranks.update(odd)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.evidence import Evidence, majority_outliers
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
 
@@ -40,8 +40,7 @@ class ModeMismatch(Rule):
         step = int(per_step["step"].min()) if per_step.height else div.step  # type: ignore[union-attr]
         at = modes.filter(pl.col("step") == step)
         values = dict(zip(at["rank"].to_list(), at["train_mode"].to_list(), strict=True))
-        common = max(set(values.values()), key=list(values.values()).count)
-        odd = sorted(r for r, v in values.items() if v != common)
+        odd = majority_outliers(values)
         return self.found(0.95, [
             f"modules in train mode at step {step}: " + ", ".join(f"rank {r}: {v}" for r, v in sorted(values.items())),
         ], ranks=odd, step=step)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.evidence import Evidence, majority_outliers
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule, fmt_ranks
 
@@ -40,10 +40,8 @@ class LossDefinitionMismatch(Rule):
             changed = [k for k in keys if len({repr((params[r] or {}).get(k)) for r in params}) > 1] if keys else []
             detail = ", ".join(f"{k}: " + "/".join(str((params[r] or {}).get(k)) for r in sorted(params))
                                for k in changed) or "type differs"
-            values = {r: repr(v) for r, v in params.items()}
-            common = max(set(values.values()), key=list(values.values()).count)
             return self.found(0.95, [f"loss settings differ across ranks {sorted(params)}: {detail}"],
-                              ranks=sorted(r for r, v in values.items() if v != common))
+                              ranks=majority_outliers({r: repr(v) for r, v in params.items()}))
         offsets = ev.offsets
         if offsets is None:
             return None

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.evidence import Evidence, majority_outliers
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
 
@@ -32,9 +32,7 @@ class CodeVersionMismatch(Rule):
         for label, path in (("entry script", ("code", "entry_sha256")), ("versions", ("versions",))):
             values = ev.differing(*path)
             if values:
-                reprs = {r: repr(v) for r, v in values.items()}
-                common = max(set(reprs.values()), key=list(reprs.values()).count)
-                odd = sorted(r for r, v in reprs.items() if v != common)
+                odd = majority_outliers({r: repr(v) for r, v in values.items()})
                 ranks.update(odd)
                 evidence.append(f"{label} differ on ranks {odd}" + (f": {values[odd[0]]}" if label == "versions" else ""))
         files = ev.snapshot_values("code", "files")
