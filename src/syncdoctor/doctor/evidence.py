@@ -379,7 +379,10 @@ class Evidence:
             n, bs = loader.get("dataset_len"), loader.get("batch_size")
             replicas = loader.get("num_replicas") or snap.get("world_size") or 1
             if n and bs:
-                return max(1, int(n // (bs * replicas)))
+                # Gradient accumulation consumes several batches per optimizer step.
+                world, global_batch = snap.get("world_size") or 1, snap.get("global_batch")
+                accum = max(1, int(global_batch // (bs * world))) if global_batch else 1
+                return max(1, int(n // (bs * replicas * accum)))
         return None
 
     @cached_property
