@@ -30,6 +30,7 @@ import torch.distributed as dist
 from syncdoctor.probe.check import CrossRankCheck, SyncMismatchError, config_fingerprint
 from syncdoctor.probe.fingerprint import combine, fingerprints, ids_fingerprint
 from syncdoctor.probe.snapshot import build_snapshot
+from syncdoctor.records.constants import MAX_IDS
 from syncdoctor.records.writer import RecordWriter
 
 log = logging.getLogger("syncdoctor")
@@ -41,7 +42,6 @@ CLOSE_WAIT_S = 5.0  # at close, the last check's wait: the end of a run must not
 LAST_LOSSES = 32  # recent losses kept for the evidence bundle
 DATA_FP_MAX_BYTES = 16 << 20  # inputs larger than this are fingerprinted at check steps only
 DATA_FP_BUDGET = 0.002  # the input is hashed every step only while that costs under 0.2% of a step
-MAX_IDS = 1024  # sample ids kept per step record (the doctor's overlap check)
 
 
 def _ddp_class() -> type:

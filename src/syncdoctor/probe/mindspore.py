@@ -34,6 +34,7 @@ import numpy as np
 
 import syncdoctor
 from syncdoctor.probe.fingerprint_np import array_fingerprint, combine, ids_fingerprint
+from syncdoctor.records.constants import MAX_IDS
 from syncdoctor.records.writer import RecordWriter
 
 _ENV_PREFIXES = ("HCCL_", "MS_", "ASCEND_", "GLOG_", "MASTER_", "NCCL_", "OMPI_COMM_WORLD_")
@@ -311,6 +312,7 @@ class MindSporeProbe:
         grad_norm = _global_norm(grads)
         grad_norm_local = _global_norm(grads_local)
         data_fp = None
+        ids = None
         if batch_ids is not None:
             ids = np.concatenate([np.asarray(_asnumpy(b)).reshape(-1) for b in batch_ids]) \
                 if isinstance(batch_ids, (list, tuple)) else np.asarray(_asnumpy(batch_ids)).reshape(-1)
@@ -325,6 +327,8 @@ class MindSporeProbe:
             reduce_ratio=(grad_norm / grad_norm_local) if grad_norm and grad_norm_local else None,
             param_fp=param_fp, opt_fp=opt_fp, buffer_fp=None, data_fp=data_fp, samples=samples,
             loss_scale=loss_scale, overflow=overflow, train_mode=self._train_mode())
+        if ids is not None and ids.size <= MAX_IDS:  # for overlap and coverage, as the torch probe
+            record["ids"] = [int(i) for i in ids]
         check = self.check_every and self.step % self.check_every == 0 and self.world_size > 1
         if check:
             record["tensor_fps"] = tensor_fps

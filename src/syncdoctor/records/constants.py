@@ -8,6 +8,7 @@ from pathlib import Path
 SCHEMA_VERSION = 1
 RECORDS_SUBDIR = "records"
 KINDS = ("snapshot", "step", "check", "event", "end")
+MAX_IDS = 1024  # sample ids kept per step record (the doctor's overlap check); larger batches keep a fingerprint
 
 
 def records_path(run_dir: str | Path, rank: int) -> Path:

@@ -38,6 +38,9 @@ class TrainDivergence(Rule):
         why_bad = self._bad_curve(ev, shape)
         if why_bad is None:
             return None
+        healthy = [s.rank for s in ev.rank_shapes if s.shape == "decreasing"]
+        if healthy and len(ev.rank_shapes) > 1:
+            return None  # some ranks learn normally: not a global training problem
         rank_shapes = {s.shape for s in ev.rank_shapes}
         if ev.has_records:
             confidence = 0.9
