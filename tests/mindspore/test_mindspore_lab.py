@@ -307,3 +307,25 @@ def test_doctor_init_mismatch_points_at_the_seeds(runs: dict[str, Any]) -> None:
     assert top.category in ("model.init_mismatch", "data.seed")
     assert top.step == 0
     assert "ms.set_seed" in top.fix and "ds.config.set_seed" in top.fix
+
+
+def test_syncdoctor_run_attaches_to_an_unmodified_msrun_job(tmp_path: Path) -> None:
+    """`syncdoctor run -- msrun …` on a Model.train script with no syncdoctor line."""
+    import subprocess
+
+    from syncdoctor.doctor.diagnose import diagnose
+    from syncdoctor.lab.launch import free_port
+
+    out = tmp_path / "zero-code"
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    cmd = [str(bin_dir / "syncdoctor"), "run", "--out", str(out), "--", str(bin_dir / "msrun"),
+           "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+           f"--log_dir={out / 'msrun_logs'}", "--join=True", "--cluster_time_out=60",
+           str(Path(__file__).with_name("model_train_script.py"))]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=BOUND_S, start_new_session=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in (out / "records").glob("rank*.jsonl")) == ["rank0.jsonl", "rank1.jsonl"]
+    assert (out / "logs" / "rank0.log").stat().st_size > 0
+    assert diagnose([out]).verdict == "healthy"
+    assert pids_naming(str(out)) == []

@@ -14,23 +14,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from syncdoctor.lab.launch import free_port
 from syncdoctor.lab.plan import RankPlan
 
 TRAIN_SCRIPT = Path(__file__).with_name("train_mindspore.py")
 SIGINT_GRACE_S = 10.0  # msrun forwards SIGINT to its workers and exits within a few seconds
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def find_msrun(python: str | None = None) -> list[str]:

@@ -425,7 +425,9 @@ def _global_norm(grads: Any) -> float | None:
 # Model.train
 def _callback_base() -> type:
     try:
-        from mindspore.train import Callback
+        # The submodule: when the probe is attached while mindspore.train is still
+        # importing (zero-code mode), the package has not bound `Callback` yet.
+        from mindspore.train.callback import Callback
 
         return Callback
     except Exception:  # mindspore missing: the class still imports, it just never runs
@@ -516,7 +518,9 @@ def install_autoattach(run_dir: str | os.PathLike[str] | None = None, check_ever
     unless the user already passed one. Returns False when Model is not importable.
     The patch is applied lazily (see `_AttachFinder`) when installed from sitecustomize."""
     try:
-        from mindspore.train import Model
+        # The submodule, not the package: called right after mindspore.train.model
+        # executes, the package has not bound `Model` yet.
+        from mindspore.train.model import Model
     except Exception:
         return False
     if getattr(Model.train, "_syncdoctor", False):
