@@ -163,3 +163,9 @@ def test_writer_never_raises_on_an_unwritable_folder(tmp_path) -> None:  # type:
     writer = RecordWriter(blocker, 0)  # records/ cannot be created under a file
     writer.write("step", rank=0, step=1)
     assert writer.failed
+
+
+def test_duplicate_data_is_reported_as_identical_batches_not_a_mismatch() -> None:
+    msg = mismatch_message(3, ["data"], [0, 1], None, 2)
+    assert msg.startswith("GRADIENT_SYNC: rank 0 and rank 1 consumed identical batches at step 3")
+    assert "mismatch" not in msg

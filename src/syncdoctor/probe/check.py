@@ -242,6 +242,10 @@ def mismatch_message(step: int, what: list[str], ranks: list[int], tensor: str |
     """`GRADIENT_SYNC: rank 0 and rank 1 parameter mismatch at step 1200 (first: layer3.1.conv2.weight)`,
     then what else differs and every rank outside the majority."""
     ordered = sorted(what, key=lambda w: _ORDER.index(w) if w in _ORDER else len(_ORDER))
+    if ordered == ["data"] and len(ranks) >= 2:
+        # Not a mismatch: these ranks read the very same batch.
+        return (f"GRADIENT_SYNC: rank {ranks[0]} and rank {ranks[1]} consumed identical batches at step {step}; "
+                f"ranks with duplicate data: {ranks}")
     majority = [r for r in range(world_size) if r not in ranks]
     pair = f"rank {majority[0] if majority else 0} and rank {ranks[0] if ranks else '?'}"
     where = f" (first: {tensor})" if tensor and ordered[0] in ("param", "grad") else ""
