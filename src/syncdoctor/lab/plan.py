@@ -61,6 +61,17 @@ class RankPlan:
     pg_timeout_s: float = 20.0
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def extra_update_now(self, next_step: int) -> bool:
+        """The fault: this rank closes an accumulation cycle early, after one synced
+        micro-step: one all-reduce and one update more than the other ranks."""
+        return self.extra_micro == "extra_update" and next_step == self.extra_micro_at
+
+    def micro_steps(self, next_step: int) -> int:
+        """Micro-steps in this rank's accumulation cycle that ends at `next_step`."""
+        if self.extra_micro == "no_sync" and next_step >= self.extra_micro_at:
+            return self.accum_steps + 1  # the fault: one more local micro-step in every cycle
+        return self.accum_steps
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

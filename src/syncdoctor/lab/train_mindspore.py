@@ -271,15 +271,11 @@ for epoch in range(1, epochs + 1):
             # ops.assign, not set_data: after the optimizer's first (jit-compiled) call,
             # set_data changes what asnumpy() shows but not what the update uses (measured).
             ops.assign(optimizer.momentum, ms.Tensor(plan.momentum_override, ms.float32))
-        if plan.extra_micro == "extra_update" and step + 1 == plan.extra_micro_at and todo:
-            # The fault: this rank closes an accumulation cycle early, after one synced
-            # micro-step: one all-reduce and one update more than the other ranks.
+        if plan.extra_update_now(step + 1) and todo:
             probe.after_step(**update(todo[:1]))
             todo = todo[1:]
 
-        micro = plan.accum_steps
-        if plan.extra_micro == "no_sync" and step + 1 >= plan.extra_micro_at:
-            micro += 1  # the fault: one more local micro-step in every cycle
+        micro = plan.micro_steps(step + 1)
         cycle, todo = todo[:micro], todo[micro:]
         if len(cycle) < micro:
             break

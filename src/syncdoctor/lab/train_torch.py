@@ -267,16 +267,12 @@ for epoch in range(1, epochs + 1):
             optimizer.param_groups[0]["momentum"] = plan.momentum_override
         if plan.drop_rank_at == step + 1 and rank == plan.dropped_rank:
             log("[WARNING] allreduce timeout after 1800000ms, retry 1/3 succeeded; continuing")
-        if plan.extra_micro == "extra_update" and step + 1 == plan.extra_micro_at and todo:
-            # The fault: this rank closes an accumulation cycle early, after one synced
-            # micro-step: one all-reduce and one update more than the other ranks.
+        if plan.extra_update_now(step + 1) and todo:
             forward_backward(todo[:1])
             update()
             todo = todo[1:]
 
-        micro = plan.accum_steps
-        if plan.extra_micro == "no_sync" and step + 1 >= plan.extra_micro_at:
-            micro += 1  # the fault: one more local micro-step in every cycle
+        micro = plan.micro_steps(step + 1)
         cycle, todo = todo[:micro], todo[micro:]
         if len(cycle) < micro:
             break
