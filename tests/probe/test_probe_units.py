@@ -104,9 +104,9 @@ def test_compare_names_what_differs_and_the_minority_ranks() -> None:
 
 
 def test_majority_ties_keep_rank_zero() -> None:
-    assert majority_outliers([1, 2]) == [1]
-    assert majority_outliers([1, 2, 2]) == [0]
-    assert majority_outliers([4, 4, 4, 4]) == []
+    assert majority_outliers(dict(enumerate([1, 2]))) == [1]
+    assert majority_outliers(dict(enumerate([1, 2, 2]))) == [0]
+    assert majority_outliers(dict(enumerate([4, 4, 4, 4]))) == []
 
 
 def test_mismatch_message_has_the_documented_shape() -> None:

@@ -19,6 +19,7 @@ import polars as pl
 from syncdoctor.doctor.model import Event, LossShape
 from syncdoctor.doctor.shape import classify
 from syncdoctor.records import RunRecords
+from syncdoctor.records.compare import majority_outliers
 from syncdoctor.records.reader import MAX_WORLD_SIZE
 
 # Fingerprints that healthy data parallelism keeps bitwise equal across ranks.
@@ -61,15 +62,6 @@ SAME_DATA_MIN_CORR = 0.3
 def _rolling_median(x: np.ndarray, k: int) -> np.ndarray:
     padded = np.pad(x, (k // 2, k // 2), mode="edge")
     return np.median(np.lib.stride_tricks.sliding_window_view(padded, k), axis=1)
-
-
-def majority_outliers(values: dict[int, Any]) -> list[int]:
-    counts = Counter(values.values())
-    top = max(counts.values())
-    ranks = sorted(values)
-    winner = values[ranks[0]] if counts[values[ranks[0]]] == top else next(
-        values[r] for r in ranks if counts[values[r]] == top)
-    return [r for r in ranks if values[r] != winner]
 
 
 class Evidence:

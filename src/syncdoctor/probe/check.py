@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from syncdoctor.records.compare import majority_outliers
+
 if TYPE_CHECKING:
     from syncdoctor.probe.core import Probe
 
@@ -63,14 +65,6 @@ def _bits_float(bits: int) -> float | None:
     return None if bits == 0 else struct.unpack("<d", struct.pack("<q", int(bits)))[0]
 
 
-def majority_outliers(values: list[int]) -> list[int]:
-    """Indices whose value is not the most common one (ties: rank 0's value wins)."""
-    counts = Counter(values)
-    top = max(counts.values())
-    winner = values[0] if counts[values[0]] == top else next(v for v in values if counts[v] == top)
-    return [i for i, v in enumerate(values) if v != winner]
-
-
 def compare(table: list[list[int]], buffers_must_match: bool) -> tuple[list[str], list[int]]:
     """What differs across ranks in a gathered table (rows: ranks), and which ranks."""
     column = {f: [row[i] for row in table] for i, f in enumerate(FIELDS)}
@@ -82,7 +76,7 @@ def compare(table: list[list[int]], buffers_must_match: bool) -> tuple[list[str]
         if len(set(values)) > 1:
             if WHAT[name] not in what:
                 what.append(WHAT[name])
-            ranks.update(majority_outliers(values))
+            ranks.update(majority_outliers(dict(enumerate(values))))
     data = [v for v in column["data_fp"] if v]
     duplicates = [v for v, n in Counter(data).items() if n > 1]
     if duplicates:

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from syncdoctor.doctor.evidence import Evidence, majority_outliers
+from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.records.compare import majority_outliers
 
 
 class ModeMismatch(Rule):

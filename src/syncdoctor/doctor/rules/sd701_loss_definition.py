@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-from syncdoctor.doctor.evidence import Evidence, majority_outliers
+from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.records.compare import majority_outliers
 
 # In some window of consecutive steps: |t| of the mean offset, the share of steps on
 # the same side, and the size, that ranks reading different data do not reach by chance.

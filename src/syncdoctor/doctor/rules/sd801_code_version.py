@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-from syncdoctor.doctor.evidence import Evidence, majority_outliers
+from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.records.compare import majority_outliers
 
 
 class CodeVersionMismatch(Rule):
