@@ -128,3 +128,13 @@ def test_hostile_values_in_rank_table_are_escaped():
              b'[{"device_id":"0","device_ip":"x\\u0007","rank_id":[]},'
              b'{"device_id":"0","device_ip":"x\\u0007","rank_id":[]}]}]}')
     assert targets.check_rank_table(table) is not None
+
+
+def test_found_by_fuzzing_a_record_kind_that_is_a_list(tmp_path) -> None:
+    from syncdoctor.records import read_run
+
+    (tmp_path / "records").mkdir()
+    (tmp_path / "records" / "rank0.jsonl").write_text(
+        '{"v":1,"kind":"snapshot","rank":0,"world_size":1}\n{"v":1,"kind":["step"],"rank":0,"step":1}\n')
+    run = read_run(tmp_path)
+    assert 0 in run.snapshots and run.steps.height == 0

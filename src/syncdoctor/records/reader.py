@@ -165,6 +165,8 @@ def _read_rank_file(rank: int, path: Path, out: RunRecords) -> bytes:
 
 
 def _well_typed(rec: dict[str, Any], kind: Any) -> bool:
+    if not isinstance(kind, str):  # {"kind": [...]} is damage, not a new kind (found by fuzzing)
+        return False
     types = _FIELD_TYPES.get(kind, {})
     for key, expected in types.items():
         value = rec.get(key)
