@@ -1,26 +1,36 @@
 """The live cross-rank check.
 
-Every check step each rank contributes one small int64 vector (counters and
-fingerprints) to an asynchronous all_gather on a dedicated gloo group; the result is
-read at the next check, so the collective's latency never sits on the training path.
-Ranks that are out of step still pair check for check on this group (the k-th check
-of every rank meets the others' k-th), which is how a skipped update shows up as a
-counter mismatch instead of a deadlock. Every wait is bounded; after one that does
-not complete the check stops for good and says so.
+Every check step each rank posts one small record (counters, fingerprints and the
+per-tensor fingerprints) to the job's own key-value store, the c10d store that every
+process group rendezvoused through: one round trip, no collective, nothing to wait
+for. Check d is read a few steps later by rank d mod N (by every rank under
+on_mismatch="raise", so that all of them stop at the same check); that rank compares
+the table, writes the result and publishes a mismatch as a verdict the others pick up.
+Posting is a store `set`, sent without waiting for a reply; reading is one round
+trip per block of checks, taken in turn by the ranks.
+
+Why the store and not a collective: on this 2-core machine an asynchronous all_gather
+on a side gloo group cost 8-12% of a 3.5 ms step even every 10 steps (its threads wake
+and take a core from training), a store round trip about 60 us. And a store exchange
+cannot deadlock: nothing pairs. The d-th check of every rank is compared with the d-th
+of the others, so ranks out of step show as a counter mismatch; a rank that never
+posts shows, after a bounded wait, as a check that could not complete, naming it.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import struct
 import sys
+import time
 import zlib
 from collections import Counter
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 import torch.distributed as dist
 
 from syncdoctor.records.compare import majority_outliers
@@ -57,6 +67,23 @@ def config_fingerprint(snapshot: dict[str, Any]) -> int:
     return to_int64(zlib.crc32(json.dumps(keep, sort_keys=True, default=str).encode()) * 0x9E3779B97F4A7C15)
 
 
+def groups_fingerprint(groups: list[dict[str, Any]]) -> int:
+    """The optimizer's current hyperparameters (a scheduler moves lr on every rank
+    alike): repr, not JSON, at every detailed step (a tenth of the cost)."""
+    from syncdoctor.probe.fingerprint import to_int64
+
+    text = repr([sorted(g.items()) for g in groups])
+    return to_int64(zlib.crc32(text.encode()) * 0x9E3779B97F4A7C15)
+
+
+def _rows(block: bytes) -> np.ndarray:
+    """A posted block as (checks x values); empty when it is not one (a foreign key)."""
+    data = np.frombuffer(block, dtype=np.int64)
+    if data.size < 2 or data[0] < 1 or data[1] < 1 or data.size != 2 + int(data[0]) * int(data[1]):
+        return np.zeros((0, 1), dtype=np.int64)
+    return data[2:].reshape(int(data[0]), int(data[1]))
+
+
 def _float_bits(value: float | None) -> int:
     return 0 if value is None else struct.unpack("<q", struct.pack("<d", float(value)))[0]
 
@@ -85,22 +112,50 @@ def compare(table: list[list[int]], buffers_must_match: bool) -> tuple[list[str]
     return what, sorted(ranks)
 
 
+READ_EVERY_STEPS = 16  # a rank reads the checks of at least this many steps at once
+STORE_TIMEOUT_S = 10.0  # the most one store call may take before checks stop
+VERDICT_POLL_S = 0.25  # how often a rank asks whether a reader found a mismatch
+_instances = itertools.count()  # probes created in this process, in order: the same on every rank
+
+
+def job_store(timeout_s: float) -> Any:
+    """The job's c10d store, on a connection of our own whose every call is bounded
+    by `timeout_s` (the job's own timeout, often 30 minutes, stays as it is)."""
+    store = dist.distributed_c10d._get_default_store()
+    try:
+        store = store.clone()
+        store.set_timeout(timedelta(seconds=timeout_s))
+    except Exception:
+        pass  # an older torch: the job's own store timeout bounds every call
+    return store
+
+
 class CrossRankCheck:
     def __init__(self, probe: Probe, timeout_s: float) -> None:
         self.probe = probe
+        self.rank = probe.rank
         self.timeout_s = timeout_s
         self.world_size = probe.world_size
-        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-        # Collectives in flight, oldest first: (kind, work, outputs, context, index started at).
-        self.pending: list[tuple[str, Any, list[torch.Tensor], dict[str, Any], int]] = []
-        self.count = 0  # checks submitted
-        # A result is read `lag` checks after it was started, at the same check on every
-        # rank (so a follow-up gather starts at the same point everywhere), and at least
-        # MIN_SLACK_STEPS steps later: with K = 1 the gather's latency on a busy machine
-        # would otherwise stall every step.
+        self.store = dist.PrefixStore(f"syncdoctor/{next(_instances)}",
+                                      job_store(min(timeout_s, STORE_TIMEOUT_S)))
+        # Checks travel in blocks of `block` consecutive ones (one store write per rank
+        # and block), and each block is read by one rank, in turn (by every rank under
+        # "raise", so that all of them stop at the same check): one round trip. A block
+        # is read `lag` checks after its last one, and at least MIN_SLACK_STEPS steps
+        # later, when every rank has long posted it. Every check is still compared; only
+        # the verdict comes later.
+        self.block = max(1, math.ceil(READ_EVERY_STEPS / probe.check_every))
         self.lag = max(1, math.ceil(MIN_SLACK_STEPS / probe.check_every))
+        self.ring = 3 + math.ceil(self.lag / self.block)  # store slots per rank, reused in turn
+        self.everyone_reads = probe.on_mismatch == "raise"
+        self.count = 0  # checks submitted
+        self.rows: list[list[int]] = []  # this rank's checks of the block being filled
+        self.due: list[tuple[int, float]] = []  # blocks this rank reads: (number, posted at)
+        self.ready_slots: set[int] = set()  # slots every rank has written: multi_get cannot wait
         self.stopped = False
         self.reported: set[tuple[str, ...]] = set()
+        self.verdicts_seen = 0
+        self.polled_at = time.monotonic()
         self.pending_error: SyncMismatchError | None = None
         # Buffers are compared only where they must match: at forward start under DDP
         # with broadcast_buffers (just broadcast from rank 0). Otherwise a difference is
@@ -110,122 +165,182 @@ class CrossRankCheck:
             getattr(probe.model, "broadcast_buffers", False) and probe.module is not probe.model
         )
 
+    def _key(self, block: int, rank: int) -> str:
+        return f"{block % self.ring}/{rank}"
+
     def submit(self, record: dict[str, Any]) -> None:
-        self.count += 1
-        self._collect(self.count - self.lag)
+        """Add this rank's next check; post the block when it is full, and read the
+        blocks that are this rank's turn."""
         if self.stopped:
             return
+        self.count += 1
         # Not hash(): str hashes are salted per process.
         mode = zlib.crc32(str(record.get("train_mode")).encode())
-        vec = torch.tensor([record.get(f) or 0 for f in FIELDS[:N_INT]] + [mode,
-                            _float_bits(record.get("loss")), _float_bits(record.get("grad_norm"))],
-                           dtype=torch.int64)
-        self._start("check", vec, {"record": record, "tensor_fps": list(self.probe._last_tensor_fps),
-                                   "grad_fps": list(self.probe._last_grad_fps)})
-
-    def finish(self, timeout_s: float | None = None) -> None:
-        """Read what is still in flight, waiting at most `timeout_s` for each."""
-        if timeout_s is not None:
-            self.timeout_s = timeout_s
-        self._collect(None)
-        self._collect(None)  # a follow-up started by the last results
-        self.stopped = True
-
-    def _start(self, kind: str, vec: torch.Tensor, context: dict[str, Any]) -> None:
-        out = [torch.zeros_like(vec) for _ in range(self.world_size)]
+        values = [self.count, *(record.get(f) or 0 for f in FIELDS[:N_INT]), mode,
+                  _float_bits(record.get("loss")), _float_bits(record.get("grad_norm")),
+                  *self.probe._last_tensor_fps, *self.probe._last_grad_fps]
+        self.rows.append(values)
         try:
-            work = dist.all_gather(out, vec, group=self.group, async_op=True)
-        except Exception as exc:
-            self._give_up(context.get("step", self.probe.step), exc)
+            if len(self.rows) == self.block:
+                self._post()
+            self._read_due(self.count - self.lag)
+            if not self.everyone_reads and time.monotonic() - self.polled_at >= VERDICT_POLL_S:
+                self._poll_verdicts()
+        except Exception as exc:  # the store is gone (its host died) or does not answer
+            self._give_up(record["step"], exc)
+
+    def _post(self) -> None:
+        """One store write for the block (sent without waiting for a reply): its number
+        of rows, their length, the rows (int64)."""
+        number = (self.count - 1) // self.block + 1
+        self.store.set(self._key(number, self.rank),
+                       np.array([len(self.rows), len(self.rows[0]), *itertools.chain(*self.rows)], np.int64).tobytes())
+        self.rows = []
+        if self.everyone_reads or (number - 1) % self.world_size == self.rank:
+            self.due.append((number, time.monotonic()))
+
+    def finish(self, timeout_s: float) -> None:
+        """At the end of the run: post the last, short block, read what is still due,
+        waiting at most `timeout_s` for ranks that have not posted it, then pick up any
+        last verdict."""
+        if self.stopped:
             return
-        self.pending.append((kind, work, out, context, self.count))
-
-    def _give_up(self, step: int, exc: BaseException) -> None:
+        deadline = time.monotonic() + timeout_s
+        try:
+            if self.rows:
+                self._post()
+            while self.due and not self.stopped:
+                self._read_due(None, deadline=deadline)
+                if self.due and not self.stopped:
+                    time.sleep(0.05)
+            if not self.everyone_reads and not self.stopped:
+                self._poll_verdicts()
+        except Exception as exc:
+            self._give_up(self.probe.step, exc)
         self.stopped = True
-        self.pending.clear()
-        self.probe.writer.write("check", rank=self.probe.rank, step=step, status="incomplete",
-                                what=[], ranks=[], tensor=None,
-                                detail={"error": f"{type(exc).__name__}: {str(exc)[:300]}",
-                                        "timeout_s": self.timeout_s})
-        print(f"syncdoctor: rank {self.probe.rank}: cross-rank check at step {step} could not "
-              f"complete within {self.timeout_s:.0f}s ({type(exc).__name__}); checks stopped",
-              file=sys.stderr, flush=True)
 
-    def _collect(self, upto: int | None) -> None:
-        """Read the results started at check `upto` or before (None: all). Anything
-        started here (a follow-up gather) is read `lag` checks later: never wait on a
-        collective that other ranks only reach after their next training step."""
-        due = [p for p in self.pending if upto is None or p[4] <= upto]
-        self.pending = self.pending[len(due):]  # started in order, so the due ones lead
-        for kind, work, out, context, _ in due:
-            if self.stopped:
+    def _read_due(self, upto: int | None, deadline: float | None = None) -> None:
+        """Read the due blocks that end at check `upto` or before (None: all), oldest
+        first; stop at the first one some rank has not posted yet, and give up on it
+        once it has waited `timeout_s` (or past `deadline`)."""
+        while self.due and (upto is None or self.due[0][0] * self.block <= upto) and not self.stopped:
+            number, posted_at = self.due[0]
+            first = (number - 1) * self.block + 1
+            keys = [self._key(number, r) for r in range(self.world_size)]
+            slot = number % self.ring
+            blocks: list[np.ndarray] = []
+            if slot in self.ready_slots or self.store.check(keys):
+                self.ready_slots.add(slot)
+                blocks = [_rows(v) for v in self.store.multi_get(keys)]
+            missing = [r for r in range(self.world_size) if r >= len(blocks) or not len(blocks[r])
+                       or int(blocks[r][0, 0]) != first]  # a stale slot holds an older block
+            if missing:
+                now = time.monotonic()
+                if now - posted_at > self.timeout_s or (deadline is not None and now > deadline):
+                    self._incomplete(first, missing, now - posted_at)
                 return
-            step = context["record"]["step"] if kind == "check" else context["step"]
-            try:
-                work.wait(timeout=timedelta(seconds=self.timeout_s))
-            except Exception as exc:  # a rank gone or out of step: bounded, then stop checking
-                self._give_up(step, exc)
-                return
-            table = [[int(v) for v in row.tolist()] for row in out]
-            if kind == "check":
-                self._evaluate(table, context)
-            else:
-                self._name_tensor(table, context)
+            self.due.pop(0)
+            for n in range(min(len(rows) for rows in blocks)):  # the last block may be short
+                self._evaluate(first + n, [rows[n] for rows in blocks])
 
-    def _evaluate(self, table: list[list[int]], context: dict[str, Any]) -> None:
-        step = context["record"]["step"]
+    def _evaluate(self, index: int, rows: list[np.ndarray]) -> None:
+        width = len(FIELDS)
+        table = [[int(v) for v in row[1 : 1 + width]] for row in rows]
+        step = table[self.rank][0]
         what, ranks = compare(table, self.buffers_must_match)
         detail: dict[str, Any] = {f: [row[i] for row in table] for i, f in enumerate(FIELDS[:N_INT + 1])}
         detail["loss"] = [_bits_float(row[N_INT + 1]) for row in table]
         detail["grad_norm"] = [_bits_float(row[N_INT + 2]) for row in table]
-        if len(set(detail["buffer_fp"])) > 1 and not self.buffers_must_match:
-            detail["buffers_differ_unsynced"] = True
+        unsynced = len(set(detail["buffer_fp"])) > 1 and not self.buffers_must_match
         if not what:
             # All equal: the per-rank values are in each rank's step records already; an
-            # ok record stays small (with K = 1 it is written every step).
-            flags = {"buffers_differ_unsynced": True} if detail.get("buffers_differ_unsynced") else {}
-            self.probe.writer.write("check", rank=self.probe.rank, step=step, status="ok",
-                                    what=what, ranks=ranks, tensor=None, detail=flags)
+            # ok record stays small.
+            self.probe.writer.write("check", rank=self.rank, step=step, status="ok", what=[], ranks=[],
+                                    tensor=None, detail={"buffers_differ_unsynced": True} if unsynced else {})
             return
-        self.probe.writer.write("check", rank=self.probe.rank, step=step, status="mismatch",
-                                what=what, ranks=ranks, tensor=None, detail=detail)
-        follow = {"step": step, "what": what, "ranks": ranks, "detail": detail,
-                  "n": len(context["tensor_fps"])}
-        if {"param", "grad"} & set(what) and context["tensor_fps"]:
-            # Every rank saw this same table, so every rank starts this same gather.
-            vec = torch.tensor(context["tensor_fps"] + context["grad_fps"], dtype=torch.int64)
-            self._start("tensors", vec, follow)
-        else:
-            self._report(follow, None)
-
-    def _name_tensor(self, table: list[list[int]], follow: dict[str, Any]) -> None:
-        names = [n for n, _ in self.probe._named_params]
-        n = follow["n"]
+        if unsynced:
+            detail["buffers_differ_unsynced"] = True
         tensor = None
-        for offset in ((0, n) if "param" in follow["what"] else (n,)):
-            differing = [i for i in range(n) if len({row[offset + i] for row in table}) > 1]
-            if differing:
-                tensor = names[differing[0]] + (".grad" if offset else "")
-                break
-        self.probe.writer.write("check", rank=self.probe.rank, step=follow["step"], status="mismatch",
-                                what=follow["what"], ranks=follow["ranks"], tensor=tensor,
-                                detail={"follow_up": True})
-        self._report(follow, tensor)
+        if {"param", "grad"} & set(what):
+            tensor = self._first_tensor([row[1 + width :] for row in rows], "param" in what)
+        self.probe.writer.write("check", rank=self.rank, step=step, status="mismatch", what=what, ranks=ranks,
+                                tensor=tensor, detail=detail)
+        verdict = {"index": index, "step": step, "what": what, "ranks": ranks, "tensor": tensor,
+                   "detail": detail, "reader": self.rank}
+        first_time = self._report(verdict)
+        if first_time and not self.everyone_reads:
+            number = self.store.add("verdicts", 1)
+            self.store.set(f"verdict/{number}", json.dumps(verdict))
 
-    def _report(self, follow: dict[str, Any], tensor: str | None) -> None:
-        step, what, ranks = follow["step"], follow["what"], follow["ranks"]
+    def _first_tensor(self, per_tensor: list[np.ndarray], params_differ: bool) -> str | None:
+        """The first tensor, in parameter order, whose fingerprint is not the same on
+        every rank (parameters first; gradients when only they differ)."""
+        names = [n for n, _ in self.probe._named_params]
+        n = len(names)
+        if any(len(t) != 2 * n for t in per_tensor):
+            return None  # ranks with other models: the config and counters say more than a name
+        table = np.stack(per_tensor)
+        differs = (table != table[0]).any(axis=0)
+        for offset, suffix in (((0, ""), (n, ".grad")) if params_differ else ((n, ".grad"),)):
+            hits = np.flatnonzero(differs[offset : offset + n])
+            if hits.size:
+                return names[int(hits[0])] + suffix
+        return None
+
+    def _poll_verdicts(self) -> None:
+        """Mismatches found by the ranks that read them: record them here too (each
+        rank's file then holds the evidence) and act on them."""
+        self.polled_at = time.monotonic()
+        count = self.store.add("verdicts", 0)
+        while self.verdicts_seen < count:
+            self.verdicts_seen += 1
+            verdict = json.loads(self.store.get(f"verdict/{self.verdicts_seen}"))
+            if verdict["reader"] == self.rank:
+                continue
+            self.probe.writer.write("check", rank=self.rank, step=verdict["step"], status="mismatch",
+                                    what=verdict["what"], ranks=verdict["ranks"], tensor=verdict["tensor"],
+                                    detail={**verdict["detail"], "reader": verdict["reader"]})
+            self._report(verdict)
+
+    def _report(self, verdict: dict[str, Any]) -> bool:
+        """Print, dump and (by choice) raise, once per kind of mismatch; True the first time."""
+        step, what, ranks, tensor = verdict["step"], verdict["what"], verdict["ranks"], verdict["tensor"]
         key = tuple(what)
-        first_time = key not in self.reported
+        if key in self.reported:
+            return False
         self.reported.add(key)
         message = mismatch_message(step, what, ranks, tensor, self.world_size)
-        if first_time and self.probe.rank in (0, *ranks[:1]):
+        if self.rank in (0, verdict["reader"], *ranks[:1]):
             print(f"syncdoctor: [ERROR] {message}", file=sys.stderr, flush=True)
-        if first_time and self.probe.on_mismatch in ("dump", "raise"):
+        if self.probe.on_mismatch in ("dump", "raise"):
             from syncdoctor.probe.evidence import dump_evidence
 
-            dump_evidence(self.probe, {**follow, "message": message}, tensor)
+            try:
+                dump_evidence(self.probe, {**verdict, "message": message}, tensor)
+            except Exception as exc:  # a full disk must not stop the checks
+                print(f"syncdoctor: rank {self.rank}: evidence not written: {exc}", file=sys.stderr)
         if self.probe.on_mismatch == "raise":
             self.pending_error = SyncMismatchError(message)
+        return True
+
+    def _incomplete(self, index: int, missing: list[int], waited_s: float) -> None:
+        step = self.probe.step
+        self._stop(step, f"rank(s) {missing} did not post check {index} within {waited_s:.0f}s",
+                   {"missing": missing, "check": index, "waited_s": round(waited_s, 1), "timeout_s": self.timeout_s})
+
+    def _give_up(self, step: int, exc: BaseException) -> None:
+        self._stop(step, f"the job's store did not answer ({type(exc).__name__})",
+                   {"error": f"{type(exc).__name__}: {str(exc)[:300]}", "timeout_s": self.timeout_s})
+
+    def _stop(self, step: int, why: str, detail: dict[str, Any]) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        self.due.clear()
+        self.probe.writer.write("check", rank=self.rank, step=step, status="incomplete", what=[],
+                                ranks=detail.get("missing", []), tensor=None, detail=detail)
+        print(f"syncdoctor: rank {self.rank}: cross-rank check at step {step} could not complete: {why}; "
+              "checks stopped", file=sys.stderr, flush=True)
 
 
 _ORDER = ("param", "opt", "grad", "counter", "config", "mode", "buffer", "data")

@@ -2,10 +2,14 @@
 
 Cost model (shared facts): one pass over the parameter bytes is the floor of an
 exact check. Every step records only what training already computed or what costs a
-few microseconds (loss, lr, counters, the input's fingerprint). Fingerprints,
-gradient norms, the pre-reduce norm and the check run every `check_every` steps, and
-the check's collective is asynchronous: its result is read at the next check, so
-training never waits for it.
+few microseconds (loss, lr, counters, the input's fingerprint). Every `check_every`
+steps the parameters are fingerprinted and posted for the cross-rank check, which
+never waits on other ranks (check.py). The rest of the state (reduced gradients,
+optimizer state) and the diagnostics (gradient norms, the pre-reduce norm, the fp16
+sample, train/eval modes, configuration) follow every `detail_every` steps, a
+multiple of K of at least DETAIL_EVERY: the same at the default K, and what keeps
+K = 1 near the floor. State that parts without the parameters parting at once does so
+at the next step (the update reads it), so the exact check still sees it within a step.
 
 Safety: every hook body runs under `_guard`, which turns any probe exception into a
 recorded event and disables the probe; only `on_mismatch="raise"` raises, by choice.
@@ -16,6 +20,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import math
 import os
 import sys
 import time
@@ -27,8 +32,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from syncdoctor.probe.check import CrossRankCheck, SyncMismatchError, config_fingerprint
-from syncdoctor.probe.fingerprint import combine, fingerprints, ids_fingerprint
+from syncdoctor.probe.check import (
+    CrossRankCheck,
+    SyncMismatchError,
+    config_fingerprint,
+    groups_fingerprint,
+)
+from syncdoctor.probe.fingerprint import ViewCache, combine, fingerprints, ids_fingerprint
 from syncdoctor.probe.snapshot import build_snapshot
 from syncdoctor.records.constants import MAX_IDS
 from syncdoctor.records.writer import RecordWriter
@@ -37,6 +47,7 @@ log = logging.getLogger("syncdoctor")
 _active: list[Probe] = []
 
 DEFAULT_CHECK_EVERY = 10
+DETAIL_EVERY = 10  # the full state and the diagnostics: at least this many steps apart
 DEFAULT_RUN_DIR = "syncdoctor_run"
 CLOSE_WAIT_S = 5.0  # at close, the last check's wait: the end of a run must not hang on it
 LAST_LOSSES = 32  # recent losses kept for the evidence bundle
@@ -87,7 +98,8 @@ class Probe:
         self.loss_fn, self.loader, self.global_batch = loss_fn, loader, global_batch
         self.baseline = baseline  # the single-card recipe (lr, batch_size), for the doctor
         self.check_every = max(1, int(check_every or os.environ.get("SYNCDOCTOR_CHECK_EVERY") or DEFAULT_CHECK_EVERY))
-        self.tensor_norms_every = tensor_norms_every or self.check_every * 5
+        self.detail_every = self.check_every * math.ceil(DETAIL_EVERY / self.check_every)
+        self.tensor_norms_every = tensor_norms_every or self.detail_every * 5
         self.activations_every = activations_every
         self.activation_stride = max(1, activation_stride)
         self._check_timeout_s = check_timeout_s
@@ -124,10 +136,16 @@ class Probe:
         self._last_grad_fps: list[int] = []
         self.last_losses: deque[tuple[int, float | None]] = deque(maxlen=LAST_LOSSES)
         self.last_grad_norm: float | None = None
-        self._measuring = True  # the first iteration is measured: step 1 is a check step
+        self._measuring = True  # the first iteration is measured in full: step 1 is a check step
+        self._detailed = True
+        self._train_mode_now: str | None = None  # cached between detailed steps
+        self._config_fp_now = 0
+        self._views = ViewCache()
+        self._buffers: list[torch.Tensor] | None = None
         self.checker: CrossRankCheck | None = None
         self._named_params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         self._param_ids = {id(p) for _, p in self._named_params}
+        self._modules = list(self.module.modules())
         self._guard(self._install_model_hooks)
         if optimizer is not None:
             self.bind_optimizer(optimizer)
@@ -161,7 +179,11 @@ class Probe:
         self.writer.write("snapshot", **snapshot, check_every=self.check_every, auto=self.auto,
                           baseline=self.baseline)
         if self.distributed and self.world_size > 1:
-            self.checker = CrossRankCheck(self, timeout_s=self.check_timeout_s())
+            try:
+                self.checker = CrossRankCheck(self, timeout_s=self.check_timeout_s())
+            except Exception as exc:  # no store to reach: records without the live check
+                self.writer.write("event", rank=self.rank, t=time.time(), step=0, event="check_unavailable",
+                                  message=f"live cross-rank check unavailable: {type(exc).__name__}: {exc}")
 
     def check_timeout_s(self) -> float:
         """How long a rank waits for the others' check: never longer than the
@@ -183,7 +205,7 @@ class Probe:
                 if i % self.activation_stride == 0:
                     name = f"{i}:{type(child).__name__}"
                     self._handles.append(child.register_forward_hook(self._activation_hook(name)))
-        self._arm_local_norms()  # step 1 is measured
+        self._arm_local_norms()  # step 1 is measured in full
 
     def _arm_forward(self) -> None:
         """The forward pre-hook (buffers, the input's fingerprint) is in place only when it
@@ -197,11 +219,11 @@ class Probe:
             self._forward_handle = None
 
     def _arm_local_norms(self) -> None:
-        """For a measured iteration: a post-accumulate-grad hook on every parameter
+        """For a detailed iteration: a post-accumulate-grad hook on every parameter
         reads the local gradient. These hooks run inside backward before DDP's reducer
         hook and before a hand-written all_reduce, so what they see is this rank's
         own gradient (accumulated over no_sync micro-steps; the last one wins). They
-        exist only during measured iterations: no per-step cost, and no DDP comm hook,
+        exist only during detailed iterations: no per-step cost, and no DDP comm hook,
         so the user's own register_comm_hook is untouched."""
         for i, (_, p) in enumerate(self._named_params):
             self._local_norm_handles.append(
@@ -292,8 +314,10 @@ class Probe:
 
     def _measure_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         if self._measuring and self._buffer_fp is None:
-            buffers = [b for b in module.buffers() if b.is_floating_point()]
-            self._buffer_fp = combine(fingerprints(buffers)) if buffers else None
+            if self._detailed or self._buffers is None:  # listing them walks every module
+                self._buffers = [b for b in module.buffers() if b.is_floating_point()]
+            buffers = self._buffers
+            self._buffer_fp = combine(fingerprints(buffers, cache=self._views, kind="buffer")) if buffers else None
         if not self._data_fps and args and isinstance(args[0], torch.Tensor):
             # The input itself identifies the batch when the script reports no ids; large
             # inputs on an accelerator only at check steps (the hash reads every byte).
@@ -353,11 +377,12 @@ class Probe:
         self._losses, self._auto_losses, self._data_fps, self._samples, self._acts = [], [], [], 0, []
         self._input_fps, self._input_samples, self._ids = [], 0, []
         self._local_norms, self._buffer_fp = {}, None
-        was_measuring = self._measuring
+        was_detailed = self._detailed
         self._measuring = (self.step + 1) % self.check_every == 0
-        if was_measuring and not self._measuring:
+        self._detailed = (self.step + 1) % self.detail_every == 0
+        if was_detailed and not self._detailed:
             self._disarm_local_norms()
-        elif self._measuring and not was_measuring:
+        elif self._detailed and not was_detailed:
             self._arm_local_norms()
         self._arm_forward()
         if check_now and self.checker is not None and self.checker.pending_error is not None:
@@ -382,17 +407,23 @@ class Probe:
 
     def _measurements(self) -> dict[str, Any]:
         params = [p for _, p in self._named_params]
+        out: dict[str, Any] = {}
+        tensor_fps = fingerprints(params, cache=self._views, kind="param")
+        out["param_fp"] = combine(tensor_fps)
+        out["buffer_fp"] = self._buffer_fp
+        if self._detailed:
+            self._train_mode_now = self._train_mode()
+            self._config_fp_now = self._config_fp ^ groups_fingerprint(self._group_hparams())
+        out["train_mode"] = self._train_mode_now
+        out["config_fp"] = self._config_fp_now
+        if not self._detailed:
+            self._last_tensor_fps, self._last_grad_fps = tensor_fps, [0] * len(tensor_fps)
+            return out
         grads = [p.grad for p in params]
         present = [g for g in grads if g is not None]
-        out: dict[str, Any] = {}
-        tensor_fps = fingerprints(params)
-        out["param_fp"] = combine(tensor_fps)
-        grad_fps = fingerprints(grads)
+        grad_fps = fingerprints(grads)  # new tensors every step under zero_grad(set_to_none=True)
         out["grad_fp"] = combine(grad_fps) if present else None
-        out["opt_fp"] = combine(fingerprints(self._optimizer_state()))
-        out["buffer_fp"] = self._buffer_fp
-        out["train_mode"] = self._train_mode()
-        out["config_fp"] = self._config_fp ^ config_fingerprint({"groups": self._group_hparams()})
+        out["opt_fp"] = combine(fingerprints(self._optimizer_state(), cache=self._views, kind="opt"))
         if present:
             out["grad_fp16"] = fp16_exact(present)
             norms = torch._foreach_norm(present)
@@ -429,7 +460,7 @@ class Probe:
 
     def _train_mode(self) -> str:
         """"n/m" modules in train mode; when they are mixed, a hex bitmap of which."""
-        modes = [m.training for m in self.module.modules()]
+        modes = [m.training for m in self._modules]
         n = sum(modes)
         if 0 < n < len(modes):
             bits = int("".join("1" if m else "0" for m in modes), 2)
@@ -467,10 +498,9 @@ def fp16_exact(grads: list[torch.Tensor]) -> bool | None:
         if g.dtype != torch.float32:
             return None
         sample = g.detach().reshape(-1)[:FP16_SAMPLE]
-        sample = sample[sample != 0]
-        if sample.numel() and not torch.equal(sample.half().float(), sample):
-            return False
-        seen += sample.numel()
+        if not torch.equal(sample.half().float(), sample):
+            return False  # the usual answer, after the first tensor
+        seen += int(torch.count_nonzero(sample))  # zeros are exact in any precision: they prove nothing
     return True if seen >= 64 else None
 
 

@@ -11,6 +11,7 @@ parameter bytes), and read back with one host sync for all tensors.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -68,17 +69,41 @@ def _device_fingerprint(t: torch.Tensor) -> torch.Tensor:
     return row_part + (col_sums * col_w).sum() * 1_000_003 + (tail * tail_w).sum() * 998_244_353 + bits.numel()
 
 
-def fingerprints(tensors: Iterable[torch.Tensor | None], device_path: bool = False) -> list[int]:
+class ViewCache:
+    """The byte views of tensors hashed at every check. A parameter keeps its storage
+    for the whole run (optimizers update in place), so its numpy view is made once
+    and re-made only when the tensor at that position has moved (a new gradient under
+    zero_grad(set_to_none=True), `p.data = ...`); a cached view holds its tensor, so
+    the memory it reads cannot be freed under it."""
+
+    def __init__(self) -> None:
+        self._views: dict[tuple[str, int], tuple[int, int, torch.Tensor, np.ndarray]] = {}
+
+    def view(self, kind: str, index: int, t: torch.Tensor) -> np.ndarray:
+        key = (kind, index)
+        cached = self._views.get(key)
+        ptr = t.data_ptr()
+        if cached is not None and cached[0] == ptr and cached[1] == t.nbytes and cached[2] is t:
+            return cached[3]
+        view = _raw_bytes(t.detach())
+        if t.is_contiguous():  # a copy made for a strided tensor is stale by the next step
+            self._views[key] = (ptr, t.nbytes, t, view)
+        return view
+
+
+def fingerprints(tensors: Iterable[torch.Tensor | None], device_path: bool = False,
+                 cache: ViewCache | None = None, kind: str = "") -> list[int]:
     """Per-tensor fingerprints (0 for None). Accelerator tensors are reduced on their
     device and read back together: one host sync, not one per tensor. `device_path`
     sends CPU tensors that way too (tests, on machines without an accelerator)."""
     out: list[int] = []
     on_device: list[tuple[int, torch.Tensor]] = []
-    for t in tensors:
+    for i, t in enumerate(tensors):
         if t is None:
             out.append(0)
         elif t.device.type == "cpu" and not device_path:
-            out.append(to_int64(xxhash.xxh3_64_intdigest(_raw_bytes(t.detach()))))
+            raw = cache.view(kind, i, t) if cache is not None else _raw_bytes(t.detach())
+            out.append(to_int64(xxhash.xxh3_64_intdigest(raw)))
         else:
             on_device.append((len(out), _device_fingerprint(t.detach())))
             out.append(0)
@@ -97,7 +122,8 @@ def combine(values: Sequence[int]) -> int:
     """Order-sensitive combination of per-tensor fingerprints."""
     if not values:
         return 0
-    return to_int64(xxhash.xxh3_64_intdigest(np.asarray(values, dtype=np.int64).tobytes()))
+    # The bytes of an int64 array, without building one.
+    return to_int64(xxhash.xxh3_64_intdigest(struct.pack(f"<{len(values)}q", *values)))
 
 
 def ids_fingerprint(ids: object) -> int:

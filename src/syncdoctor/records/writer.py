@@ -13,22 +13,24 @@ import os
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from syncdoctor.records.constants import SCHEMA_VERSION, records_path
 
 
 def _split_nonfinite(fields: dict[str, Any]) -> dict[str, str]:
     """JSON has no NaN/inf: such a top-level float becomes null and is named in
     `nonfinite` ({"loss": "nan"}), so a NaN loss is never silently lost."""
-    nonfinite = {}
-    for key, value in fields.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            nonfinite[key] = str(value)
-            fields[key] = None
+    nonfinite = {key: str(value) for key, value in fields.items()
+                 if value.__class__ is float and not math.isfinite(value)}
+    for key in nonfinite:
+        fields[key] = None
     return nonfinite
 
 
-# One encoder for every record: json.dumps with options builds a new encoder per call.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str, allow_nan=False)
+# orjson: a few microseconds less per record than json, on the probe's every-step path.
+# It writes nested non-finite floats (a list of norms) as null, never as invalid JSON.
+_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
 class RecordWriter:
@@ -50,12 +52,11 @@ class RecordWriter:
             fields["nonfinite"] = nonfinite
         record = {"v": SCHEMA_VERSION, "kind": kind, **fields}
         try:
-            # Nested non-finite floats (a list of norms) become null rather than invalid JSON.
-            line = _ENCODER.encode(record)
-        except ValueError:
-            line = json.dumps(_nulled(record), separators=(",", ":"), default=str)
+            line = orjson.dumps(record, default=str, option=_OPTIONS)
+        except (TypeError, ValueError):  # an int beyond 64 bits, a lone surrogate: the slow way
+            line = (json.dumps(_nulled(record), separators=(",", ":"), default=str) + "\n").encode()
         try:
-            os.write(self._fd, (line + "\n").encode())
+            os.write(self._fd, line)
         except OSError as exc:
             self.failed = f"cannot write {self.path}: {exc}"
 
