@@ -16,6 +16,7 @@ import pytest
 
 from syncdoctor.lab.launch import end_process_groups, free_port
 from syncdoctor.probe.cli import prepare
+from syncdoctor.probe.core import DEFAULT_CHECK_EVERY
 from syncdoctor.records import read_run
 
 pytestmark = pytest.mark.slow
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"
 PG_TIMEOUT_S = 10.0
 MARGIN_S = 15.0  # interpreter exit, the probe's bounded close, a loaded 2-core machine
-PAUSE_STEP = 7  # not a check step for "record" / "hook"; the check runs at 10
+PAUSE_STEP = 7  # not a check step for "record" / "hook"; the first check after step 1 runs at K
 START_BUDGET_S = 120.0
 
 
@@ -44,7 +45,7 @@ def _alive_in_sessions(sids: set[int]) -> list[int]:
 
 @pytest.mark.parametrize(("where", "step", "extra"), [
     ("record", PAUSE_STEP, []),
-    ("check", 10, []),
+    ("check", DEFAULT_CHECK_EVERY, []),
     ("hook", PAUSE_STEP, ["--comm-hook"]),
 ])
 def test_sigkill_a_rank(tmp_path: Path, where: str, step: int, extra: list[str]) -> None:

@@ -249,7 +249,25 @@ class Evidence:
             if other is not best and other.step == best.step:
                 best.what = sorted(set(best.what) | set(other.what))
                 best.ranks = sorted(set(best.ranks) | set(other.ranks))
+        best.what = sorted(set(best.what) | self._parted_when_next_measured(best.step))
         return best
+
+    def _parted_when_next_measured(self, step: int) -> set[str]:
+        """Reduced gradients and optimizer state are fingerprinted less often than the
+        parameters: whether they too had parted is read at the first step, from the
+        divergence on, where they were measured. Not measured is not "equal"."""
+        if not self.has_records:
+            return set()
+        parted = set()
+        for column, label in (("grad_fp", "grad"), ("opt_fp", "opt")):
+            if column not in self.steps.columns:
+                continue
+            measured = (self.steps.filter((pl.col("step") >= step) & pl.col(column).is_not_null())
+                        .group_by("step").agg(pl.col(column).n_unique().alias("values"), pl.len().alias("n"))
+                        .filter(pl.col("n") > 1).sort("step"))
+            if measured.height and measured["values"][0] > 1:
+                parted.add(label)
+        return parted
 
     def _divergence_from_steps(self) -> Divergence | None:
         steps = self.steps

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from syncdoctor.cli import InputError
 from syncdoctor.lab.faults import FAULTS
+from syncdoctor.lab.runner import LAB_CHECK_EVERY
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--out", help="run folder (default runs/FAULT-wN-sSEED)")
     run.add_argument("--no-probe", action="store_true", help="run without the probe (logs only)")
-    run.add_argument("--check-every", type=int, help="the probe's check interval K")
+    run.add_argument("--check-every", type=int, default=LAB_CHECK_EVERY,
+                     help=f"the probe's check interval K (default {LAB_CHECK_EVERY})")
     run.set_defaults(func=cmd_run)
 
     matrix = lab_sub.add_parser("matrix", help="every fault through lab, probe and doctor: the detection matrix")

@@ -6,9 +6,9 @@ few microseconds (loss, lr, counters, the input's fingerprint). Every `check_eve
 steps the parameters are fingerprinted and posted for the cross-rank check, which
 never waits on other ranks (check.py). The rest of the state (reduced gradients,
 optimizer state) and the diagnostics (gradient norms, the pre-reduce norm, the fp16
-sample, train/eval modes, configuration) follow every `detail_every` steps, a
-multiple of K of at least DETAIL_EVERY: the same at the default K, and what keeps
-K = 1 near the floor. State that parts without the parameters parting at once does so
+sample) follow every `detail_every` steps, a
+multiple of K of at least DETAIL_EVERY (every other check at the default K): what
+keeps the default and K = 1 near the floor. State that parts without the parameters parting at once does so
 at the next step (the update reads it), so the exact check still sees it within a step.
 
 Safety: every hook body runs under `_guard`, which turns any probe exception into a
@@ -40,19 +40,17 @@ from syncdoctor.probe.check import (
 )
 from syncdoctor.probe.fingerprint import ViewCache, combine, fingerprints, ids_fingerprint
 from syncdoctor.probe.snapshot import build_snapshot
-from syncdoctor.records.constants import MAX_IDS
+from syncdoctor.records.constants import MAX_IDS, SCHEMA_VERSION
 from syncdoctor.records.writer import RecordWriter
 
 log = logging.getLogger("syncdoctor")
 _active: list[Probe] = []
 
-DEFAULT_CHECK_EVERY = 10
-DETAIL_EVERY = 10  # the full state and the diagnostics: at least this many steps apart
+DEFAULT_CHECK_EVERY = 20  # measured: the probe's default cost stays under 2% of a 3 ms step
+DETAIL_EVERY = 40  # the full state and the diagnostics: at least this many steps apart
 DEFAULT_RUN_DIR = "syncdoctor_run"
 CLOSE_WAIT_S = 5.0  # at close, the last check's wait: the end of a run must not hang on it
 LAST_LOSSES = 32  # recent losses kept for the evidence bundle
-DATA_FP_MAX_BYTES = 16 << 20  # inputs larger than this are fingerprinted at check steps only
-DATA_FP_BUDGET = 0.002  # the input is hashed every step only while that costs under 0.2% of a step
 
 
 def _ddp_class() -> type:
@@ -124,9 +122,6 @@ class Probe:
         self._ids: list[int] = []  # the reported sample ids, up to MAX_IDS per step
         self._input_fps: list[int] = []  # the model's input, when the script reports no batch
         self._input_samples = 0
-        self._input_fp_s = 0.0  # moving average of the input hash's cost, and of the step time
-        self._step_s = 0.0
-        self._last_t: float | None = None
         self._loss_scale: float | None = None
         self._local_norms: dict[int, torch.Tensor] = {}  # per-parameter local (pre-reduce) grad norms
         self._local_norm_handles: list[Any] = []
@@ -138,13 +133,12 @@ class Probe:
         self.last_grad_norm: float | None = None
         self._measuring = True  # the first iteration is measured in full: step 1 is a check step
         self._detailed = True
-        self._train_mode_now: str | None = None  # cached between detailed steps
-        self._config_fp_now = 0
         self._views = ViewCache()
         self._buffers: list[torch.Tensor] | None = None
         self.checker: CrossRankCheck | None = None
         self._named_params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
-        self._param_ids = {id(p) for _, p in self._named_params}
+        self._params = [p for _, p in self._named_params]
+        self._param_ids = {id(p) for p in self._params}
         self._modules = list(self.module.modules())
         self._guard(self._install_model_hooks)
         if optimizer is not None:
@@ -208,10 +202,9 @@ class Probe:
         self._arm_local_norms()  # step 1 is measured in full
 
     def _arm_forward(self) -> None:
-        """The forward pre-hook (buffers, the input's fingerprint) is in place only when it
-        has work: measured iterations, and every step while hashing the input is cheap.
-        A module with no hooks keeps torch's fast call path."""
-        wanted = self._measuring or self._input_fp_s <= DATA_FP_BUDGET * self._step_s
+        """The forward pre-hook (buffers, the input's fingerprint) is in place only in
+        measured iterations: a module with no hooks keeps torch's fast call path."""
+        wanted = self._measuring
         if wanted and self._forward_handle is None:
             self._forward_handle = self.module.register_forward_pre_hook(self._on_forward_start)
         elif not wanted and self._forward_handle is not None:
@@ -318,18 +311,13 @@ class Probe:
                 self._buffers = [b for b in module.buffers() if b.is_floating_point()]
             buffers = self._buffers
             self._buffer_fp = combine(fingerprints(buffers, cache=self._views, kind="buffer")) if buffers else None
-        if not self._data_fps and args and isinstance(args[0], torch.Tensor):
-            # The input itself identifies the batch when the script reports no ids; large
-            # inputs on an accelerator only at check steps (the hash reads every byte).
+        if self._measuring and not self._data_fps and args and isinstance(args[0], torch.Tensor):
+            # The input itself identifies the batch when the script reports no ids (at
+            # check steps only: the hash reads every byte, and two ranks fed the same
+            # batches are fed them at every step).
             x = args[0]
-            every_step = (x.device.type == "cpu" and x.nbytes <= DATA_FP_MAX_BYTES
-                          and self._input_fp_s <= DATA_FP_BUDGET * self._step_s)
-            if self._measuring or every_step:
-                t0 = time.perf_counter()
-                self._input_fps.append(ids_fingerprint(x))
-                self._input_samples += int(x.shape[0]) if x.dim() else 1
-                cost = time.perf_counter() - t0
-                self._input_fp_s = cost if not self._input_fp_s else 0.9 * self._input_fp_s + 0.1 * cost
+            self._input_fps.append(ids_fingerprint(x))
+            self._input_samples += int(x.shape[0]) if x.dim() else 1
 
     def _activation_hook(self, name: str) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -347,47 +335,72 @@ class Probe:
 
     # ------------------------------------------------------------------ records
     def _end_iteration(self, stepped: bool, overflow: bool) -> None:
-        self.step += 1
-        self.opt_steps += int(stepped)
-        micro = self.backward - self._backward_at_last_step
-        self._backward_at_last_step = self.backward
+        self.step = step = self.step + 1
+        self.opt_steps += stepped
+        backward = self.backward
+        micro = backward - self._backward_at_last_step
+        self._backward_at_last_step = backward
         now = time.time()
-        if self._last_t is not None:  # a moving average of the step time sets what is affordable
-            gap = now - self._last_t
-            self._step_s = gap if not self._step_s else 0.9 * self._step_s + 0.1 * gap
-        self._last_t = now
         loss = self._mean_loss()
+        lr = self._lr()
+        self.last_losses.append((step, loss))
+        self._losses, self._auto_losses = [], []
+        if (self._measuring or self._data_fps or self._input_fps or self._ids or self._acts or overflow
+                or self._loss_scale is not None or not _finite(loss) or not _finite(lr)):
+            self._end_full_iteration(step, micro, now, loss, lr, overflow)
+            return
+        # Most steps: nothing but counters, loss and lr, formatted in one C call. This
+        # runs every step, and after the model's own work all of Python is cold here.
+        self.writer.write_line(_STEP_LINE % (self.rank, step, micro, backward, self.opt_steps, now, loss, lr))
+        if (step + 1) % self.check_every == 0:
+            self._next_is_measured()
+
+    def _end_full_iteration(self, step: int, micro: int, now: float, loss: float | None, lr: float | None,
+                            overflow: bool) -> None:
         data_fps, samples = (self._data_fps, self._samples) if self._data_fps else (self._input_fps, self._input_samples)
+        # Optional fields that have no value are left out (absent reads as null).
         record: dict[str, Any] = {
-            "rank": self.rank, "step": self.step, "micro": micro, "backward": self.backward,
-            "opt_steps": self.opt_steps, "t": now, "loss": loss,
-            "lr": self._lr(), "samples": samples or None,
-            "data_fp": combine(data_fps) if data_fps else None,
-            "loss_scale": self._loss_scale, "overflow": overflow if (overflow or self._loss_scale) else None,
+            "v": SCHEMA_VERSION, "kind": "step", "rank": self.rank, "step": step, "micro": micro,
+            "backward": self.backward, "opt_steps": self.opt_steps, "t": now, "loss": loss, "lr": lr,
         }
+        if data_fps:
+            record["samples"] = samples
+            record["data_fp"] = combine(data_fps)
+        if self._loss_scale is not None:
+            record["loss_scale"] = self._loss_scale
+            record["overflow"] = overflow
+        elif overflow:
+            record["overflow"] = True
         if self._ids:
             record["ids"] = self._ids
-        if self._measuring:
+        measured = self._measuring
+        if measured:
             record.update(self._measurements())
-        self.writer.write("step", **record)
-        self.last_losses.append((self.step, loss))
-        check_now = self._measuring and self.checker is not None
+        self.writer.append(record)
+        check_now = measured and self.checker is not None
         if check_now:
             self.checker.submit(record)  # type: ignore[union-attr]
-        self._losses, self._auto_losses, self._data_fps, self._samples, self._acts = [], [], [], 0, []
+        self._data_fps, self._samples, self._acts = [], 0, []
         self._input_fps, self._input_samples, self._ids = [], 0, []
         self._local_norms, self._buffer_fp = {}, None
-        was_detailed = self._detailed
-        self._measuring = (self.step + 1) % self.check_every == 0
-        self._detailed = (self.step + 1) % self.detail_every == 0
-        if was_detailed and not self._detailed:
-            self._disarm_local_norms()
-        elif self._detailed and not was_detailed:
-            self._arm_local_norms()
-        self._arm_forward()
+        if measured:
+            self._measuring = self.check_every == 1
+            if self._detailed and (step + 1) % self.detail_every != 0:
+                self._detailed = False
+                self._disarm_local_norms()
+            self._arm_forward()
+        if (step + 1) % self.check_every == 0:
+            self._next_is_measured()
         if check_now and self.checker is not None and self.checker.pending_error is not None:
             error, self.checker.pending_error = self.checker.pending_error, None
             raise error
+
+    def _next_is_measured(self) -> None:
+        self._measuring = True
+        if not self._detailed and (self.step + 1) % self.detail_every == 0:
+            self._detailed = True
+            self._arm_local_norms()
+        self._arm_forward()
 
     def _mean_loss(self) -> float | None:
         values = self._losses or self._auto_losses
@@ -406,22 +419,19 @@ class Probe:
             return None
 
     def _measurements(self) -> dict[str, Any]:
-        params = [p for _, p in self._named_params]
+        params = self._params
         out: dict[str, Any] = {}
         tensor_fps = fingerprints(params, cache=self._views, kind="param")
         out["param_fp"] = combine(tensor_fps)
         out["buffer_fp"] = self._buffer_fp
-        if self._detailed:
-            self._train_mode_now = self._train_mode()
-            self._config_fp_now = self._config_fp ^ groups_fingerprint(self._group_hparams())
-        out["train_mode"] = self._train_mode_now
-        out["config_fp"] = self._config_fp_now
+        out["train_mode"] = self._train_mode()
+        out["config_fp"] = self._config_fp ^ groups_fingerprint(self._group_hparams())
         if not self._detailed:
             self._last_tensor_fps, self._last_grad_fps = tensor_fps, [0] * len(tensor_fps)
             return out
         grads = [p.grad for p in params]
         present = [g for g in grads if g is not None]
-        grad_fps = fingerprints(grads)  # new tensors every step under zero_grad(set_to_none=True)
+        grad_fps = fingerprints(grads, cache=self._views, kind="grad")
         out["grad_fp"] = combine(grad_fps) if present else None
         out["opt_fp"] = combine(fingerprints(self._optimizer_state(), cache=self._views, kind="opt"))
         if present:
@@ -485,6 +495,13 @@ class Probe:
 
 
 FP16_SAMPLE = 256  # values per gradient tensor looked at
+_STEP_LINE = (b'{"v":%d,"kind":"step","rank":%%d,"step":%%d,"micro":%%d,"backward":%%d,"opt_steps":%%d,'
+              b'"t":%%a,"loss":%%a,"lr":%%a}\n' % SCHEMA_VERSION)
+
+
+def _finite(value: object) -> bool:
+    """A float JSON can carry as it is (%a of a float is its repr)."""
+    return value.__class__ is float and value - value == 0.0  # type: ignore[operator]
 
 
 def fp16_exact(grads: list[torch.Tensor]) -> bool | None:

@@ -45,16 +45,25 @@ class RecordWriter:
             self.failed = f"cannot open {self.path}: {exc}"
 
     def write(self, kind: str, **fields: Any) -> None:
+        self.append({"v": SCHEMA_VERSION, "kind": kind, **fields})
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Write a record that already holds "v" and "kind" (the probe's every-step path)."""
         if self._fd is None:
             return
-        nonfinite = _split_nonfinite(fields)
+        nonfinite = _split_nonfinite(record)
         if nonfinite:
-            fields["nonfinite"] = nonfinite
-        record = {"v": SCHEMA_VERSION, "kind": kind, **fields}
+            record["nonfinite"] = nonfinite
         try:
             line = orjson.dumps(record, default=str, option=_OPTIONS)
         except (TypeError, ValueError):  # an int beyond 64 bits, a lone surrogate: the slow way
             line = (json.dumps(_nulled(record), separators=(",", ":"), default=str) + "\n").encode()
+        self.write_line(line)
+
+    def write_line(self, line: bytes) -> None:
+        """Write one already encoded record (with its newline)."""
+        if self._fd is None:
+            return
         try:
             os.write(self._fd, line)
         except OSError as exc:

@@ -63,21 +63,23 @@ def install_pause_points(rank: int, state: dict) -> None:
     from syncdoctor.probe.check import CrossRankCheck
     from syncdoctor.records.writer import RecordWriter
 
-    write, submit = RecordWriter.write, CrossRankCheck.submit
+    write_line, submit = RecordWriter.write_line, CrossRankCheck.submit
 
     p_where, p_rank, p_step = PAUSE.split(":")
+    pause_record = b'"kind":"step","rank":%d,"step":%d,' % (rank, int(p_step))
 
-    def paused_write(self, kind, **fields):  # type: ignore[no-untyped-def]
-        if (kind, p_where, rank, fields.get("step")) == ("step", "record", int(p_rank), int(p_step)):
-            os.write(self._fd, b'{"v":1,"kind":"step","rank":%d,"step":' % rank)  # half a record
-            pause_here("record", rank, fields["step"])
-        return write(self, kind, **fields)
+    def paused_write_line(self, line):  # type: ignore[no-untyped-def]
+        # Every record goes through write_line: the every-step fast path and the full one.
+        if p_where == "record" and rank == int(p_rank) and pause_record in line:
+            os.write(self._fd, line[: len(line) // 2])  # half a record
+            pause_here("record", rank, int(p_step))
+        return write_line(self, line)
 
     def paused_submit(self, record):  # type: ignore[no-untyped-def]
         pause_here("check", rank, record["step"])
         return submit(self, record)
 
-    RecordWriter.write, CrossRankCheck.submit = paused_write, paused_submit
+    RecordWriter.write_line, CrossRankCheck.submit = paused_write_line, paused_submit
 
 
 def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
