@@ -46,7 +46,7 @@ from syncdoctor.records.writer import RecordWriter
 log = logging.getLogger("syncdoctor")
 _active: list[Probe] = []
 
-DEFAULT_CHECK_EVERY = 20  # measured: the probe's default cost stays under 2% of a 3 ms step
+DEFAULT_CHECK_EVERY = 20  # the default K: checks then cost about as much as the every-step record
 DETAIL_EVERY = 40  # the full state and the diagnostics: at least this many steps apart
 DEFAULT_RUN_DIR = "syncdoctor_run"
 CLOSE_WAIT_S = 5.0  # at close, the last check's wait: the end of a run must not hang on it
@@ -180,8 +180,9 @@ class Probe:
                                   message=f"live cross-rank check unavailable: {type(exc).__name__}: {exc}")
 
     def check_timeout_s(self) -> float:
-        """How long a rank waits for the others' check: never longer than the
-        process-group timeout the job set, so the probe cannot be what hangs."""
+        """How long a reader waits for a rank's check before reporting it as not
+        posted (it never blocks training meanwhile): the process-group timeout the job
+        set, under `syncdoctor run`."""
         if self._check_timeout_s:
             return float(self._check_timeout_s)
         env = os.environ.get("SYNCDOCTOR_CHECK_TIMEOUT")
