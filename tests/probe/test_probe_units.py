@@ -16,8 +16,10 @@ from syncdoctor.probe.check import (
     FIELDS,
     compare,
     config_fingerprint,
+    group_bounds,
     majority_outliers,
     mismatch_message,
+    tensor_groups,
 )
 from syncdoctor.probe.evidence import log_tail, snapshot_differences
 from syncdoctor.probe.fingerprint import combine, fingerprints, ids_fingerprint, tensor_fingerprint
@@ -101,6 +103,19 @@ def test_compare_names_what_differs_and_the_minority_ranks() -> None:
     assert compare(_table([{}, {"config_fp": 3}]), True) == (["config"], [1])
     what, ranks = compare(_table([{"data_fp": 5}, {"data_fp": 5}, {"data_fp": 6}]), True)
     assert what == ["data"] and ranks == [0, 1]  # two ranks trained on the same batch
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 65, 161, 1000])
+def test_tensor_groups_cover_every_tensor_and_move_only_the_changed_group(n: int) -> None:
+    bounds = group_bounds(n)
+    assert bounds[0][0] == 0 and bounds[-1][1] == n and len(bounds) == min(n, 64)
+    assert all(a < b and b == c for (a, b), (c, _) in zip(bounds, bounds[1:], strict=False))
+    fps = list(range(100, 100 + n))
+    for changed in {0, n // 2, n - 1}:
+        other = fps.copy()
+        other[changed] += 1
+        differing = [g for g, (x, y) in enumerate(zip(tensor_groups(fps), tensor_groups(other), strict=True)) if x != y]
+        assert len(differing) == 1 and bounds[differing[0]][0] <= changed < bounds[differing[0]][1]
 
 
 def test_majority_ties_keep_rank_zero() -> None:

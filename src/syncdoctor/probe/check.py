@@ -76,6 +76,22 @@ def groups_fingerprint(groups: list[dict[str, Any]]) -> int:
     return to_int64(zlib.crc32(text.encode()) * 0x9E3779B97F4A7C15)
 
 
+def group_bounds(n: int) -> list[tuple[int, int]]:
+    """[start, end) of each group of consecutive tensors: one tensor per group up to
+    TENSOR_GROUPS tensors, then TENSOR_GROUPS groups of near-equal size."""
+    groups = min(n, TENSOR_GROUPS)
+    return [(g * n // groups, (g + 1) * n // groups) for g in range(groups)]
+
+
+def tensor_groups(fps: list[int]) -> list[int]:
+    """Per-tensor fingerprints folded into group_bounds(len(fps)) groups."""
+    if len(fps) <= TENSOR_GROUPS:
+        return fps
+    from syncdoctor.probe.fingerprint import combine
+
+    return [combine(fps[a:b]) for a, b in group_bounds(len(fps))]
+
+
 def _rows(block: bytes) -> np.ndarray:
     """A posted block as (checks x values); empty when it is not one (a foreign key)."""
     data = np.frombuffer(block, dtype=np.int64)
@@ -112,7 +128,9 @@ def compare(table: list[list[int]], buffers_must_match: bool) -> tuple[list[str]
     return what, sorted(ranks)
 
 
-READ_EVERY_STEPS = 50  # a block holds the checks of at least this many steps: one write, one read
+READ_EVERY_STEPS = 50  # a block holds the checks of up to this many steps: one write, one read
+MAX_BLOCK = 16  # checks per block at most: what one read moves is N x 16 x (16 + TENSOR_GROUPS) int64
+TENSOR_GROUPS = 64  # per-tensor fingerprints travel as at most this many groups of consecutive tensors
 STORE_TIMEOUT_S = 10.0  # the most one store call may take before checks stop
 VERDICT_POLL_S = 1.0  # how often a rank asks whether a reader found a mismatch
 _instances = itertools.count()  # probes created in this process, in order: the same on every rank
@@ -144,7 +162,7 @@ class CrossRankCheck:
         # is read `lag` checks after its last one, and at least MIN_SLACK_STEPS steps
         # later, when every rank has long posted it. Every check is still compared; only
         # the verdict comes later.
-        self.block = max(1, math.ceil(READ_EVERY_STEPS / probe.check_every))
+        self.block = max(1, min(MAX_BLOCK, math.ceil(READ_EVERY_STEPS / probe.check_every)))
         self.lag = max(1, math.ceil(MIN_SLACK_STEPS / probe.check_every))
         self.ring = 3 + math.ceil(self.lag / self.block)  # store slots per rank, reused in turn
         self.everyone_reads = probe.on_mismatch == "raise"
@@ -178,7 +196,7 @@ class CrossRankCheck:
         mode = zlib.crc32(str(record.get("train_mode")).encode())
         values = [self.count, *(record.get(f) or 0 for f in FIELDS[:N_INT]), mode,
                   _float_bits(record.get("loss")), _float_bits(record.get("grad_norm")),
-                  *self.probe._last_tensor_fps, *self.probe._last_grad_fps]
+                  *tensor_groups(self.probe._last_tensor_fps)]
         self.rows.append(values)
         try:
             if len(self.rows) == self.block:
@@ -283,8 +301,8 @@ class CrossRankCheck:
         if unsynced:
             detail["buffers_differ_unsynced"] = True
         tensor = None
-        if {"param", "grad"} & set(what):
-            tensor = self._first_tensor([row[1 + width :] for row in rows], "param" in what)
+        if "param" in what:
+            tensor = self._first_tensor([row[1 + width :] for row in rows])
         self.probe.writer.write("check", rank=self.rank, step=step, status="mismatch", what=what, ranks=ranks,
                                 tensor=tensor, detail=detail)
         verdict = {"index": index, "step": step, "what": what, "ranks": ranks, "tensor": tensor,
@@ -294,20 +312,20 @@ class CrossRankCheck:
             number = self.store.add("verdicts", 1)
             self.store.set(f"verdict/{number}", json.dumps(verdict))
 
-    def _first_tensor(self, per_tensor: list[np.ndarray], params_differ: bool) -> str | None:
-        """The first tensor, in parameter order, whose fingerprint is not the same on
-        every rank (parameters first; gradients when only they differ)."""
+    def _first_tensor(self, per_group: list[np.ndarray]) -> str | None:
+        """The first parameter, in parameter order, whose fingerprint is not the same on
+        every rank; with more tensors than TENSOR_GROUPS, the first group that differs
+        (named by its first and last tensor)."""
         names = [n for n, _ in self.probe._named_params]
-        n = len(names)
-        if any(len(t) != 2 * n for t in per_tensor):
+        groups = group_bounds(len(names))
+        if any(len(g) != len(groups) for g in per_group) or not groups:
             return None  # ranks with other models: the config and counters say more than a name
-        table = np.stack(per_tensor)
-        differs = (table != table[0]).any(axis=0)
-        for offset, suffix in (((0, ""), (n, ".grad")) if params_differ else ((n, ".grad"),)):
-            hits = np.flatnonzero(differs[offset : offset + n])
-            if hits.size:
-                return names[int(hits[0])] + suffix
-        return None
+        table = np.stack(per_group)
+        hits = np.flatnonzero((table != table[0]).any(axis=0))
+        if not hits.size:
+            return None
+        start, end = groups[int(hits[0])]
+        return names[start] if end - start == 1 else f"{names[start]} .. {names[end - 1]}"
 
     def _poll_verdicts(self) -> None:
         """Mismatches found by the ranks that read them: record them here too (each

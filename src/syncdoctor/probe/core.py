@@ -1,15 +1,15 @@
 """The torch probe: per-rank, per-step records and the live cross-rank check.
 
 Cost model (shared facts): one pass over the parameter bytes is the floor of an
-exact check. Every step records only what training already computed or what costs a
-few microseconds (loss, lr, counters, the input's fingerprint). Every `check_every`
-steps the parameters are fingerprinted and posted for the cross-rank check, which
+exact check. Every step records only what training already computed (loss, lr,
+counters), formatted in one call. Every `check_every` steps the parameters, the
+buffers and the input are fingerprinted and posted for the cross-rank check, which
 never waits on other ranks (check.py). The rest of the state (reduced gradients,
 optimizer state) and the diagnostics (gradient norms, the pre-reduce norm, the fp16
-sample) follow every `detail_every` steps, a
-multiple of K of at least DETAIL_EVERY (every other check at the default K): what
-keeps the default and K = 1 near the floor. State that parts without the parameters parting at once does so
-at the next step (the update reads it), so the exact check still sees it within a step.
+sample) follow every `detail_every` steps, a multiple of K of at least DETAIL_EVERY
+(every other check at the default K). State that parts without the parameters
+parting at once makes them part at the next update, which reads it: the exact check
+sees it a step later.
 
 Safety: every hook body runs under `_guard`, which turns any probe exception into a
 recorded event and disables the probe; only `on_mismatch="raise"` raises, by choice.
@@ -127,8 +127,7 @@ class Probe:
         self._local_norm_handles: list[Any] = []
         self._buffer_fp: int | None = None
         self._acts: list[list[Any]] = []
-        self._last_tensor_fps: list[int] = []
-        self._last_grad_fps: list[int] = []
+        self._last_tensor_fps: list[int] = []  # per parameter, at the last check: to name the first that differs
         self.last_losses: deque[tuple[int, float | None]] = deque(maxlen=LAST_LOSSES)
         self.last_grad_norm: float | None = None
         self._measuring = True  # the first iteration is measured in full: step 1 is a check step
@@ -428,7 +427,7 @@ class Probe:
         out["train_mode"] = self._train_mode()
         out["config_fp"] = self._config_fp ^ groups_fingerprint(self._group_hparams())
         if not self._detailed:
-            self._last_tensor_fps, self._last_grad_fps = tensor_fps, [0] * len(tensor_fps)
+            self._last_tensor_fps = tensor_fps
             return out
         grads = [p.grad for p in params]
         present = [g for g in grads if g is not None]
@@ -450,7 +449,7 @@ class Probe:
                 out["reduce_ratio"] = out["grad_norm"] / local
         if self._acts:
             out["acts"] = self._acts
-        self._last_tensor_fps, self._last_grad_fps = tensor_fps, grad_fps
+        self._last_tensor_fps = tensor_fps
         return out
 
     def _group_hparams(self) -> list[dict[str, Any]]:
