@@ -129,7 +129,7 @@ def compare(table: list[list[int]], buffers_must_match: bool) -> tuple[list[str]
 
 
 READ_EVERY_STEPS = 50  # a block holds the checks of up to this many steps: one write, one read
-MAX_BLOCK = 16  # checks per block at most: what one read moves is N x 16 x (16 + TENSOR_GROUPS) int64
+MAX_ROWS_PER_READ = 4096  # checks of all ranks one read moves, at most (each 16 + TENSOR_GROUPS int64)
 TENSOR_GROUPS = 64  # per-tensor fingerprints travel as at most this many groups of consecutive tensors
 STORE_TIMEOUT_S = 10.0  # the most one store call may take before checks stop
 VERDICT_POLL_S = 1.0  # how often a rank asks whether a reader found a mismatch
@@ -162,7 +162,8 @@ class CrossRankCheck:
         # is read `lag` checks after its last one, and at least MIN_SLACK_STEPS steps
         # later, when every rank has long posted it. Every check is still compared; only
         # the verdict comes later.
-        self.block = max(1, min(MAX_BLOCK, math.ceil(READ_EVERY_STEPS / probe.check_every)))
+        self.block = max(1, min(math.ceil(READ_EVERY_STEPS / probe.check_every),
+                                MAX_ROWS_PER_READ // self.world_size))
         self.lag = max(1, math.ceil(MIN_SLACK_STEPS / probe.check_every))
         self.ring = 3 + math.ceil(self.lag / self.block)  # store slots per rank, reused in turn
         self.everyone_reads = probe.on_mismatch == "raise"
