@@ -1,13 +1,13 @@
 """The live cross-rank check.
 
-Every check step each rank posts one small record (counters, fingerprints and the
-per-tensor fingerprints) to the job's own key-value store, the c10d store that every
-process group rendezvoused through: one round trip, no collective, nothing to wait
-for. Check d is read a few steps later by rank d mod N (by every rank under
-on_mismatch="raise", so that all of them stop at the same check); that rank compares
-the table, writes the result and publishes a mismatch as a verdict the others pick up.
-Posting is a store `set`, sent without waiting for a reply; reading is one round
-trip per block of checks, taken in turn by the ranks.
+Every check step each rank adds one small row (the check's index, counters,
+fingerprints, and the parameters' fingerprints in at most TENSOR_GROUPS groups) to a
+block; a full block goes to the job's own key-value store, the c10d store that every
+process group rendezvoused through, in one `set` that waits for no reply. The ranks
+take turns to read a block back (block b: rank (b - 1) mod N; every rank under
+on_mismatch="raise", so that all of them stop at the same check), in one round trip,
+a few checks after its last one. The reader compares every check of it, writes the
+result and publishes a mismatch as a verdict the other ranks pick up.
 
 Why the store and not a collective: on this 2-core machine an asynchronous all_gather
 on a side gloo group cost 8-12% of a 3.5 ms step even every 10 steps (its threads wake
