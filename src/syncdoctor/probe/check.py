@@ -268,11 +268,15 @@ class CrossRankCheck:
             # The usual case, in one record: every check of the block agreed.
             steps = table[self.rank, :, 1 + FIELDS.index("step")]
             buffers = table[:, :, 1 + FIELDS.index("buffer_fp")]
-            detail: dict[str, Any] = {"first_step": int(steps[0]), "checks": checks}
-            if not self.buffers_must_match and (buffers != buffers[0]).any():
-                detail["buffers_differ_unsynced"] = True
-            self.probe.writer.write("check", rank=self.rank, step=int(steps[-1]), status="ok", what=[], ranks=[],
-                                    tensor=None, detail=detail)
+            self._write_ok(int(steps[0]), int(steps[-1]), checks,
+                           not self.buffers_must_match and bool((buffers != buffers[0]).any()))
+
+    def _write_ok(self, first_step: int, step: int, checks: int, buffers_differ_unsynced: bool) -> None:
+        detail: dict[str, Any] = {"first_step": first_step, "checks": checks}
+        if buffers_differ_unsynced:
+            detail["buffers_differ_unsynced"] = True
+        self.probe.writer.write("check", rank=self.rank, step=step, status="ok", what=[], ranks=[], tensor=None,
+                                detail=detail)
 
     def _block_is_clean(self, table: np.ndarray) -> bool:
         """Every must-match value equal on every rank, and no two ranks with the same
@@ -293,11 +297,8 @@ class CrossRankCheck:
         detail["loss"] = [_bits_float(row[N_INT + 1]) for row in table]
         detail["grad_norm"] = [_bits_float(row[N_INT + 2]) for row in table]
         unsynced = len(set(detail["buffer_fp"])) > 1 and not self.buffers_must_match
-        if not what:
-            # All equal: the per-rank values are in each rank's step records already.
-            self.probe.writer.write("check", rank=self.rank, step=step, status="ok", what=[], ranks=[], tensor=None,
-                                    detail={"first_step": step, "checks": 1,
-                                            **({"buffers_differ_unsynced": True} if unsynced else {})})
+        if not what:  # all equal: the per-rank values are in each rank's step records already
+            self._write_ok(step, step, 1, unsynced)
             return
         if unsynced:
             detail["buffers_differ_unsynced"] = True

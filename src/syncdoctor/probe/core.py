@@ -335,7 +335,7 @@ class Probe:
             except SyncMismatchError:
                 raise
             except Exception as exc:  # _guard's work, inline: this runs every step
-                self._guard(_reraise, exc)
+                self._disable(exc)
 
     # ------------------------------------------------------------------ records
     def _end_iteration(self, stepped: bool, overflow: bool) -> None:
@@ -487,25 +487,24 @@ class Probe:
         except SyncMismatchError:
             raise
         except Exception as exc:  # never let a probe failure reach training
-            self.disabled = True
-            try:
-                self.writer.write("event", rank=self.rank, t=time.time(), step=self.step,
-                                  event="exception", message=f"probe disabled: {type(exc).__name__}: {exc}")
-                print(f"syncdoctor: probe disabled on rank {self.rank}: {type(exc).__name__}: {exc}",
-                      file=sys.stderr)
-            except Exception:
-                pass
+            self._disable(exc)
             return None
+
+    def _disable(self, exc: Exception) -> None:
+        self.disabled = True
+        try:
+            self.writer.write("event", rank=self.rank, t=time.time(), step=self.step,
+                              event="exception", message=f"probe disabled: {type(exc).__name__}: {exc}")
+            print(f"syncdoctor: probe disabled on rank {self.rank}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+        except Exception:
+            pass
 
 
 FP16_SAMPLE = 256  # values per gradient tensor looked at
 # C formatting: %.17g gives back the very same float when read, and is faster than repr.
 _STEP_LINE = (b'{"v":%d,"kind":"step","rank":%%d,"step":%%d,"micro":%%d,"backward":%%d,"opt_steps":%%d,'
               b'"t":%%.6f,"loss":%%.17g,"lr":%%.17g}\n' % SCHEMA_VERSION)
-
-
-def _reraise(exc: BaseException) -> None:
-    raise exc
 
 
 def _finite(value: object) -> bool:
