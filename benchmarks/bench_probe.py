@@ -19,7 +19,7 @@ memory), around every probe call the process's peak RSS is reset
 the call, as a fraction of the model's parameter bytes. (Probe work inside backward, the local-norm hooks, allocates only
 scalars.)
 
-    python benchmarks/bench_probe.py            # full: CNN and MLP, ~8 min
+    python benchmarks/bench_probe.py            # full: CNN and MLP, ~12 min
     python benchmarks/bench_probe.py --quick    # CI-sized
 """
 
@@ -257,13 +257,16 @@ def main() -> None:
     # Segment lengths are multiples of the default K so each segment holds the same checks.
     # Short segments, many rounds: this machine's speed drifts by several percent within
     # seconds, and fast alternation cancels the drift. Each segment holds whole blocks of checks.
-    plans = {"cnn": {"steps": 20, "warmup": 3, "batch": 16, "rounds": 9},
-             "mlp": {"steps": 100, "warmup": 50, "batch": 64, "rounds": 60}}
+    # MLP: one step's time varies by ~60% here (two ranks and their communication threads
+    # on two cores), nearly independently from step to step, so the ratio needs ~20,000
+    # steps per configuration to be known within about ±0.6%.
+    plans = {"cnn": {"steps": 50, "warmup": 3, "batch": 16, "rounds": 6},
+             "mlp": {"steps": 400, "warmup": 50, "batch": 64, "rounds": 50}}
     summaries = []
     for model in args.models.split(","):
         plan = plans[model]
         rounds = args.rounds or (2 if args.quick else plan["rounds"])
-        steps = args.steps or (plan["steps"] // 2 if args.quick else plan["steps"])
+        steps = args.steps or plan["steps"]  # whole multiples of the default K, quick or not
         res = run_pair(model, rounds, steps, args.warmup or plan["warmup"], args.batch or plan["batch"],
                        timeout_s=1800)
         summary = summarize(res)

@@ -44,10 +44,11 @@ def _alive_in_sessions(sids: set[int]) -> list[int]:
 
 
 @pytest.mark.parametrize(("where", "step", "extra"), [
-    ("record", PAUSE_STEP, []),
+    ("record", PAUSE_STEP, []),  # an every-step record, in the memory-mapped tail
+    ("record", DEFAULT_CHECK_EVERY, []),  # a check step's record, after the pending steps, in one write
     ("check", DEFAULT_CHECK_EVERY, []),
     ("hook", PAUSE_STEP, ["--comm-hook"]),
-])
+], ids=["step-record", "check-record", "check", "comm-hook"])
 def test_sigkill_a_rank(tmp_path: Path, where: str, step: int, extra: list[str]) -> None:
     out = tmp_path / "run"
     env = prepare(out, None, None)
@@ -60,7 +61,7 @@ def test_sigkill_a_rank(tmp_path: Path, where: str, step: int, extra: list[str])
                             OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", SYNCDOCTOR_TEST_PAUSE=f"{where}:1:{step}",
                             SYNCDOCTOR_TEST_MARKER=str(marker))
             procs.append(subprocess.Popen(
-                [sys.executable, str(SCRIPT), "--steps", "30", "--pg-timeout", str(PG_TIMEOUT_S), *extra],
+                [sys.executable, str(SCRIPT), "--steps", str(DEFAULT_CHECK_EVERY + 10), "--pg-timeout", str(PG_TIMEOUT_S), *extra],
                 env=rank_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True))
         deadline = time.monotonic() + START_BUDGET_S
@@ -86,12 +87,14 @@ def test_sigkill_a_rank(tmp_path: Path, where: str, step: int, extra: list[str])
 
     run = read_run(out)
     last = step - 1 if where != "check" else step
-    for rank in (0, 1):
+    for rank in (0, 1):  # each step once: a step both in the file and in the tail is taken once
         steps = run.steps.filter(run.steps["rank"] == rank)["step"].to_list()
         assert steps[: last] == list(range(1, last + 1)), (rank, steps)
     assert run.steps.filter(run.steps["rank"] == 1)["step"].max() == last  # nothing after the kill
-    if where == "record":
+    if where == "record" and step == DEFAULT_CHECK_EVERY:
         assert any("truncated" in w for w in run.warnings)  # the half-written record is dropped
+    if step == PAUSE_STEP:  # the steps since the last write came from rank 1's tail file
+        assert any("rank1.jsonl" in w and ".tail, not yet in the file" in w for w in run.warnings), run.warnings
     survivor_checks = [c for c in run.checks if c["rank"] == 0]
     assert 0 in run.ends or any(c["status"] == "incomplete" for c in survivor_checks)
     assert run.ends.get(0, {}).get("status") in (None, "exception")

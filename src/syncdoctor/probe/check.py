@@ -128,7 +128,8 @@ def compare(table: list[list[int]], buffers_must_match: bool) -> tuple[list[str]
     return what, sorted(ranks)
 
 
-READ_EVERY_STEPS = 50  # a block holds the checks of up to this many steps: one write, one read
+READ_EVERY_STEPS = 100  # a block holds the checks of up to this many steps: one write, one read
+MAX_BLOCK = 50  # and at most this many checks: what one read holds stays small at K = 1
 MAX_ROWS_PER_READ = 4096  # checks of all ranks one read moves, at most (each 16 + TENSOR_GROUPS int64)
 TENSOR_GROUPS = 64  # per-tensor fingerprints travel as at most this many groups of consecutive tensors
 STORE_TIMEOUT_S = 10.0  # the most one store call may take before checks stop
@@ -162,7 +163,7 @@ class CrossRankCheck:
         # is read `lag` checks after its last one, and at least MIN_SLACK_STEPS steps
         # later, when every rank has long posted it. Every check is still compared; only
         # the verdict comes later.
-        self.block = max(1, min(math.ceil(READ_EVERY_STEPS / probe.check_every),
+        self.block = max(1, min(math.ceil(READ_EVERY_STEPS / probe.check_every), MAX_BLOCK,
                                 MAX_ROWS_PER_READ // self.world_size))
         self.lag = max(1, math.ceil(MIN_SLACK_STEPS / probe.check_every))
         self.ring = 3 + math.ceil(self.lag / self.block)  # store slots per rank, reused in turn
@@ -183,6 +184,8 @@ class CrossRankCheck:
         self.buffers_must_match = bool(
             getattr(probe.model, "broadcast_buffers", False) and probe.module is not probe.model
         )
+        self._must_columns = [1 + FIELDS.index(f) for f in MUST_MATCH] + (
+            [1 + FIELDS.index("buffer_fp")] if self.buffers_must_match else [])
 
     def _key(self, block: int, rank: int) -> str:
         return f"{block % self.ring}/{rank}"
@@ -281,9 +284,8 @@ class CrossRankCheck:
     def _block_is_clean(self, table: np.ndarray) -> bool:
         """Every must-match value equal on every rank, and no two ranks with the same
         batch, at every check of the block (the fast path of compare())."""
-        must = [1 + FIELDS.index(f) for f in MUST_MATCH] + (
-            [1 + FIELDS.index("buffer_fp")] if self.buffers_must_match else [])
-        if not (table[:, :, must] == table[:1, :, must]).all():
+        must = table[:, :, self._must_columns]
+        if not (must == must[:1]).all():
             return False
         data = np.sort(table[:, :, 1 + FIELDS.index("data_fp")], axis=0)
         return not ((data[1:] == data[:-1]) & (data[1:] != 0)).any()

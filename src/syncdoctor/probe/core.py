@@ -2,12 +2,12 @@
 
 Cost model (shared facts): one pass over the parameter bytes is the floor of an
 exact check. Every step records only what training already computed (loss, lr,
-counters), formatted in one call. Every `check_every` steps the parameters, the
-buffers and the input are fingerprinted and posted for the cross-rank check, which
-never waits on other ranks (check.py). The rest of the state (reduced gradients,
-optimizer state) and the diagnostics (gradient norms, the pre-reduce norm, the fp16
-sample) follow every `detail_every` steps, a multiple of K of at least DETAIL_EVERY
-(every other check at the default K). State that parts without the parameters
+counters), copied into the record writer's memory-mapped tail. Every `check_every`
+steps the parameters, the buffers and the input are fingerprinted and posted for the
+cross-rank check, which never waits on other ranks (check.py). The rest of the state
+(reduced gradients, optimizer state) and the diagnostics (gradient norms, the
+pre-reduce norm, the fp16 sample) follow every `detail_every` steps, a multiple of K
+of at least DETAIL_EVERY (every other check at the default K). State that parts without the parameters
 parting at once makes them part at the next update, which reads it: the exact check
 sees it a step later.
 
@@ -24,7 +24,6 @@ import math
 import os
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,8 +45,11 @@ from syncdoctor.records.writer import RecordWriter
 log = logging.getLogger("syncdoctor")
 _active: list[Probe] = []
 
-DEFAULT_CHECK_EVERY = 20  # the default K: checks then cost about as much as the every-step record
-DETAIL_EVERY = 40  # the full state and the diagnostics: at least this many steps apart
+# The default K. A check costs ~0.5 ms in the training loop of a 100k-parameter MLP
+# here (whatever the model: the parameter bytes are a small part of it), 10 us a step
+# at K=50, about half of the every-step record (benchmarks/bench_probe.py).
+DEFAULT_CHECK_EVERY = 50
+DETAIL_EVERY = 100  # the full state and the diagnostics: at least this many steps apart
 DEFAULT_RUN_DIR = "syncdoctor_run"
 CLOSE_WAIT_S = 5.0  # at close, the last check's wait: the end of a run must not hang on it
 LAST_LOSSES = 32  # recent losses kept for the evidence bundle
@@ -105,7 +107,7 @@ class Probe:
         self.log_path = Path(log_path) if log_path else None
         self.auto = auto  # zero-code: the loss is what reaches backward(), the scale GradScaler's
         self.init_param_fp_local = init_param_fp_local
-        self.writer = RecordWriter(self.run_dir, self.rank)
+        self.writer = RecordWriter(self.run_dir, self.rank, tail=True)
         self.disabled = False
         self.closed = False
         self._handles: list[Any] = []
@@ -128,7 +130,7 @@ class Probe:
         self._buffer_fp: int | None = None
         self._acts: list[list[Any]] = []
         self._last_tensor_fps: list[int] = []  # per parameter, at the last check: to name the first that differs
-        self.last_losses: deque[tuple[int, float | None]] = deque(maxlen=LAST_LOSSES)
+        self._recent_losses: list[float | None] = [None] * LAST_LOSSES  # by step % LAST_LOSSES
         self.last_grad_norm: float | None = None
         self._measuring = True  # the first iteration is measured in full: step 1 is a check step
         self._detailed = True
@@ -239,7 +241,8 @@ class Probe:
     def loss(self, value: torch.Tensor | float) -> None:
         """Report this micro-step's local loss (a tensor is read at the step's end)."""
         if not self.disabled:
-            self._losses.append(value.detach() if isinstance(value, torch.Tensor) else float(value))
+            # Not detached: the tensor is only read, and is let go at the step's end.
+            self._losses.append(value if isinstance(value, torch.Tensor) else float(value))
 
     def batch(self, sample_ids: Any) -> None:
         """Report this micro-step's sample ids (or any tensor that identifies the batch)."""
@@ -347,17 +350,27 @@ class Probe:
         now = time.time()
         loss = self._mean_loss()
         lr = self._lr()
-        self.last_losses.append((step, loss))
-        self._losses, self._auto_losses = [], []
-        if (self._measuring or self._data_fps or self._input_fps or self._ids or self._acts or overflow
-                or self._loss_scale is not None or not _finite(loss) or not _finite(lr)):
+        self._recent_losses[step % LAST_LOSSES] = loss
+        if self._losses:
+            self._losses = []
+        if self._auto_losses:
+            self._auto_losses = []
+        # (Input fingerprints and ids come with measuring or with data fingerprints.)
+        if self._measuring or self._data_fps or self._acts or overflow or self._loss_scale is not None:
             self._end_full_iteration(step, micro, now, loss, lr, overflow)
             return
-        # Most steps: nothing but counters, loss and lr, formatted in one C call. This
-        # runs every step, and after the model's own work all of Python is cold here.
-        self.writer.write_line(_STEP_LINE % (self.rank, step, micro, backward, self.opt_steps, now, loss, lr))
+        # Most steps: nothing but counters, loss and lr, a memory copy into the record
+        # writer's tail. This runs every step, and after the model's own work all of
+        # Python is cold here: every line counts.
+        self.writer.step(step, micro, backward, self.opt_steps, now, loss, lr)
         if (step + 1) % self.check_every == 0:
             self._next_is_measured()
+
+    @property
+    def last_losses(self) -> list[tuple[int, float | None]]:
+        """The last LAST_LOSSES steps' losses, oldest first (the evidence bundle)."""
+        return [(s, self._recent_losses[s % LAST_LOSSES]) for s in range(max(1, self.step - LAST_LOSSES + 1),
+                                                                          self.step + 1)]
 
     def _end_full_iteration(self, step: int, micro: int, now: float, loss: float | None, lr: float | None,
                             overflow: bool) -> None:
@@ -410,8 +423,8 @@ class Probe:
         values = self._losses or self._auto_losses
         if not values:
             return None
-        floats = [v.item() if isinstance(v, torch.Tensor) else v for v in values]
-        mean = float(sum(floats) / len(floats))
+        floats = [v if v.__class__ is float else v.item() for v in values]
+        mean = float(floats[0] if len(floats) == 1 else sum(floats) / len(floats))
         if not self._losses and self._loss_scale:
             mean /= self._loss_scale  # what reached backward() was scaled by GradScaler
         return mean
@@ -502,14 +515,6 @@ class Probe:
 
 
 FP16_SAMPLE = 256  # values per gradient tensor looked at
-# C formatting: %.17g gives back the very same float when read, and is faster than repr.
-_STEP_LINE = (b'{"v":%d,"kind":"step","rank":%%d,"step":%%d,"micro":%%d,"backward":%%d,"opt_steps":%%d,'
-              b'"t":%%.6f,"loss":%%.17g,"lr":%%.17g}\n' % SCHEMA_VERSION)
-
-
-def _finite(value: object) -> bool:
-    """A float JSON can carry as it is (not NaN, not infinite)."""
-    return value.__class__ is float and value - value == 0.0  # type: ignore[operator]
 
 
 def fp16_exact(grads: list[torch.Tensor]) -> bool | None:

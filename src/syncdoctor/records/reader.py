@@ -17,6 +17,7 @@ from typing import Any
 import polars as pl
 
 from syncdoctor.records.schema import RECORDS_SUBDIR, SCHEMA_VERSION, STEP_SCHEMA, RecordError
+from syncdoctor.records.tail import KEY_END, read_tail
 
 _RANK_FILE = re.compile(r"rank(\d+)\.jsonl$")
 _STEP_PREFIX = b'{"v":1,"kind":"step"'
@@ -161,7 +162,34 @@ def _read_rank_file(rank: int, path: Path, out: RunRecords) -> bytes:
             bad += 1
     if bad:
         out.warnings.append(f"{path.name}: {bad} unreadable lines skipped")
+    steps += _tail_steps(rank, path, steps, out)
     return b"\n".join(steps) + b"\n" if steps else b""
+
+
+def _tail_steps(rank: int, path: Path, steps: list[bytes], out: RunRecords) -> list[bytes]:
+    """Step records still in the rank's tail files (records/tail.py): left by a rank
+    that is running or was killed. A step a kill caught between writing it to the
+    JSON-lines file and marking it written is there twice: it is taken once."""
+    tails = sorted(path.parent.glob(f"rank{rank}.*.tail"))
+    if not tails:
+        return []
+    written = {line[: line.find(KEY_END)] for line in steps}
+    recovered: list[bytes] = []
+    for tail in tails:
+        try:
+            tail_rank, lines = read_tail(tail)
+        except (OSError, ValueError) as exc:
+            out.warnings.append(f"{tail.name}: not read ({exc})")
+            continue
+        if tail_rank != rank:
+            out.warnings.append(f"{tail.name}: holds rank {tail_rank}, not {rank}; skipped")
+            continue
+        new = [line.rstrip(b"\n") for line in lines if line[: line.find(KEY_END)] not in written]
+        if new:
+            out.warnings.append(f"{path.name}: {len(new)} step records read from {tail.name}, not yet in the "
+                                "file (the rank is still running, or was killed)")
+            recovered += new
+    return recovered
 
 
 def _well_typed(rec: dict[str, Any], kind: Any) -> bool:

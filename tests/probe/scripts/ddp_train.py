@@ -61,25 +61,35 @@ def install_pause_points(rank: int, state: dict) -> None:
     if not PAUSE:
         return
     from syncdoctor.probe.check import CrossRankCheck
+    from syncdoctor.records import tail
     from syncdoctor.records.writer import RecordWriter
 
-    write_line, submit = RecordWriter.write_line, CrossRankCheck.submit
+    write_line, submit, put = RecordWriter.write_line, CrossRankCheck.submit, tail.StepTail.put
 
     p_where, p_rank, p_step = PAUSE.split(":")
     pause_record = b'"kind":"step","rank":%d,"step":%d,' % (rank, int(p_step))
 
     def paused_write_line(self, line):  # type: ignore[no-untyped-def]
-        # Every record goes through write_line: the every-step fast path and the full one.
+        # Every record but the every-step ones goes through write_line, after the pending steps.
         if p_where == "record" and rank == int(p_rank) and pause_record in line:
-            os.write(self._fd, line[: len(line) // 2])  # half a record
+            if self._tail is not None and self._tail.pending:
+                line = self._tail.lines() + line
+            os.write(self._fd, line[: len(line) - 20])  # cut inside the record
             pause_here("record", rank, int(p_step))
         return write_line(self, line)
+
+    def paused_put(self, step, *values):  # type: ignore[no-untyped-def]
+        # The every-step record: its entry in the tail is written but not yet counted.
+        if p_where == "record" and rank == int(p_rank) and step == int(p_step):
+            self._body(self._map, tail._HEADER.size + self.pending * tail.SLOT + tail._SEQ.size, step, *values)
+            pause_here("record", rank, int(p_step))
+        return put(self, step, *values)
 
     def paused_submit(self, record):  # type: ignore[no-untyped-def]
         pause_here("check", rank, record["step"])
         return submit(self, record)
 
-    RecordWriter.write_line, CrossRankCheck.submit = paused_write_line, paused_submit
+    RecordWriter.write_line, CrossRankCheck.submit, tail.StepTail.put = paused_write_line, paused_submit, paused_put
 
 
 def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
