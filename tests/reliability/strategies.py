@@ -8,6 +8,7 @@ truncated lines, binary junk, control characters.
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +218,29 @@ def record_folders(draw: st.DrawFn) -> dict[str, bytes]:
     if draw(st.integers(0, 9)) == 0:  # a name the reader must cope with
         files[draw(st.sampled_from(("rank007.jsonl", "rank99999999999999999999.jsonl",
                                     "rank-1.jsonl", "rank.jsonl")))] = b'{"v":1,"kind":"end"}\n'
+    if draw(st.integers(0, 2)) == 0:  # a killed rank's every-step tail (records/tail.py), damaged or not
+        rank = draw(st.sampled_from(ranks))
+        files[f"rank{rank}.{draw(st.integers(1, 99))}.0.tail"] = draw(tail_files(rank))
     return files
+
+
+_INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@st.composite
+def tail_files(draw: st.DrawFn, rank: int) -> bytes:
+    """A memory-mapped step tail: a plausible header and entries, hostile numbers, cuts."""
+    header_rank = draw(st.sampled_from((rank, rank + 1, -1)))
+    slots = draw(st.sampled_from((4, 256, 0, -5, 2**62)))
+    flushed = draw(st.sampled_from((0, 3, -1, 2**62)))
+    blob = struct.pack("<8sqqq", draw(st.sampled_from((b"SDTAIL1\n", b"SDTAIL9\n"))), header_rank, slots, flushed)
+    for i in range(draw(st.integers(0, 6))):
+        seq = flushed + i + 1 if draw(st.integers(0, 4)) else draw(_INT64)
+        blob += struct.pack("<qqqqqdddq", seq, *draw(st.tuples(_INT64, _INT64, _INT64, _INT64)),
+                            *draw(st.tuples(st.floats(), st.floats(), st.floats())), draw(_INT64))
+    if draw(st.integers(0, 3)) == 0:
+        blob = blob[: draw(st.integers(0, len(blob)))]  # cut anywhere
+    return blob
 
 
 # ----------------------------------------------------------------------------- rank tables
