@@ -78,10 +78,14 @@ class StepTail:
 
     def __init__(self, path: Path, rank: int, slots: int = TAIL_SLOTS) -> None:
         self.path, self.rank, self.slots = path, rank, slots
+        size = _HEADER.size + slots * SLOT
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.ftruncate(fd, _HEADER.size + slots * SLOT)
-            self._map = mmap.mmap(fd, _HEADER.size + slots * SLOT)  # shared: the file's own pages
+            # Written, not a sparse ftruncate: a store into a page the file system has no
+            # room for raises SIGBUS, which would end training; a full disk fails here.
+            if os.write(fd, bytes(size)) != size:
+                raise OSError("short write")
+            self._map = mmap.mmap(fd, size)  # shared: the file's own pages
         finally:
             os.close(fd)  # the mapping keeps the file open
         _HEADER.pack_into(self._map, 0, MAGIC, rank, slots, 0)
