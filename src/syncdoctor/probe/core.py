@@ -7,9 +7,9 @@ steps the parameters, the buffers and the input are fingerprinted and posted for
 cross-rank check, which never waits on other ranks (check.py). The rest of the state
 (reduced gradients, optimizer state) and the diagnostics (gradient norms, the
 pre-reduce norm, the fp16 sample) follow every `detail_every` steps, a multiple of K
-of at least DETAIL_EVERY (every other check at the default K). State that parts without the parameters
-parting at once makes them part at the next update, which reads it: the exact check
-sees it a step later.
+of at least DETAIL_EVERY (every other check at the default K). State that parts
+without the parameters parting at once makes them part at the next update, which
+reads it: the exact check sees it a step later.
 
 Safety: every hook body runs under `_guard`, which turns any probe exception into a
 recorded event and disables the probe; only `on_mismatch="raise"` raises, by choice.

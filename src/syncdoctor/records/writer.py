@@ -64,16 +64,14 @@ class RecordWriter:
              lr: float | None) -> None:
         """A step record with nothing but counters, time, loss and lr: the probe's
         every-step path, a memory copy into the tail file."""
+        absent = 0
+        if loss.__class__ is not float or lr.__class__ is not float:  # None, or an int lr
+            absent = (NO_LOSS if loss is None else 0) | (NO_LR if lr is None else 0)
+            loss, lr = float(loss or 0.0), float(lr or 0.0)
         tail = self._tail
-        if tail is not None and loss.__class__ is float and lr.__class__ is float:  # the usual case, in brief
-            if tail.put(step, micro, backward, opt_steps, t, loss, lr, 0):  # type: ignore[arg-type]
-                self.flush()
-            return
-        absent = (NO_LOSS if loss is None else 0) | (NO_LR if lr is None else 0)
-        loss, lr = float(loss or 0.0), float(lr or 0.0)
         if tail is None:
-            self.write_line(format_step(self.rank, step, micro, backward, opt_steps, t, loss, lr, absent))
-        elif tail.put(step, micro, backward, opt_steps, t, loss, lr, absent):
+            self.write_line(format_step(self.rank, step, micro, backward, opt_steps, t, loss, lr, absent))  # type: ignore[arg-type]
+        elif tail.put(step, micro, backward, opt_steps, t, loss, lr, absent):  # type: ignore[arg-type]
             self.flush()
 
     def flush(self) -> None:
