@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[dev]"
+.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[dev,zoo]"
 bash scripts/install_chromium.sh >/dev/null
 echo "syncdoctor set up in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
 
