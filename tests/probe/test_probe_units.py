@@ -17,13 +17,13 @@ from syncdoctor.probe.check import (
     compare,
     config_fingerprint,
     group_bounds,
-    majority_outliers,
     mismatch_message,
     tensor_groups,
 )
 from syncdoctor.probe.evidence import log_tail, snapshot_differences
 from syncdoctor.probe.fingerprint import combine, fingerprints, ids_fingerprint, tensor_fingerprint
 from syncdoctor.records import read_run
+from syncdoctor.records.compare import agreement, describe_split, majority_outliers
 from syncdoctor.records.writer import RecordWriter
 
 BOTH_PATHS = pytest.mark.parametrize("device_path", [False, True], ids=["xxh3", "device"])
@@ -99,8 +99,10 @@ def test_compare_names_what_differs_and_the_minority_ranks() -> None:
     what, ranks = compare(_table([{}, {}, {"param_fp": 1, "micro": 2}, {}]), True)
     assert set(what) == {"param", "counter"} and ranks == [2]
     assert compare(_table([{}, {"buffer_fp": 3}]), False) == ([], [])  # not compared without DDP
-    assert compare(_table([{}, {"buffer_fp": 3}]), True) == (["buffer"], [1])
-    assert compare(_table([{}, {"config_fp": 3}]), True) == (["config"], [1])
+    # Two ranks that disagree: no majority, so neither is named the odd one; both are.
+    assert compare(_table([{}, {"buffer_fp": 3}]), True) == (["buffer"], [0, 1])
+    assert compare(_table([{}, {"config_fp": 3}, {}]), True) == (["config"], [1])
+    assert compare(_table([{}, {"config_fp": 3}, {"config_fp": 3}, {}]), True) == (["config"], [0, 1, 2, 3])
     what, ranks = compare(_table([{"data_fp": 5}, {"data_fp": 5}, {"data_fp": 6}]), True)
     assert what == ["data"] and ranks == [0, 1]  # two ranks trained on the same batch
 
@@ -118,19 +120,30 @@ def test_tensor_groups_cover_every_tensor_and_move_only_the_changed_group(n: int
         assert len(differing) == 1 and bounds[differing[0]][0] <= changed < bounds[differing[0]][1]
 
 
-def test_majority_ties_keep_rank_zero() -> None:
-    assert majority_outliers(dict(enumerate([1, 2]))) == [1]
+def test_a_culprit_is_named_only_under_a_strict_majority() -> None:
+    assert majority_outliers(dict(enumerate([1, 2]))) == [0, 1]  # two ranks: no majority
     assert majority_outliers(dict(enumerate([1, 2, 2]))) == [0]
+    assert majority_outliers(dict(enumerate([1, 1, 2, 2]))) == [0, 1, 2, 3]  # a 2-2 split
     assert majority_outliers(dict(enumerate([4, 4, 4, 4]))) == []
+    split = agreement(dict(enumerate([7, 7, 9, 7])))
+    assert split.has_majority and split.reference == 7 and split.odd == [2] and split.majority == [0, 1, 3]
+    assert not agreement({0: 1, 1: 2}).has_majority
+
+
+def test_describe_split_puts_values_side_by_side() -> None:
+    assert describe_split({0: 0.05, 1: 0.0001}) == "0.05 (rank 0) vs 0.0001 (rank 1)"
+    assert describe_split({0: 1, 1: 2, 2: 1}) == "1 (ranks 0, 2) vs 2 (rank 1)"
 
 
 def test_mismatch_message_has_the_documented_shape() -> None:
-    msg = mismatch_message(1200, ["counter", "param", "opt"], [1], "layer3.1.conv2.weight", 2)
+    msg = mismatch_message(1200, ["counter", "param", "opt"], [0, 1], "layer3.1.conv2.weight", 2)
     assert msg.startswith("GRADIENT_SYNC: rank 0 and rank 1 parameter mismatch at step 1200 "
                           "(first: layer3.1.conv2.weight)")
     assert "also differ: optimizer state, step counter" in msg
-    assert mismatch_message(5, ["counter"], [3], None, 4).startswith(
-        "GRADIENT_SYNC: rank 0 and rank 3 step counter mismatch at step 5;")
+    assert msg.endswith("no majority to tell which side is odd (a third replica or a recomputation would)")
+    msg = mismatch_message(5, ["counter"], [3], None, 4)
+    assert msg.startswith("GRADIENT_SYNC: rank 0 and rank 3 step counter mismatch at step 5;")
+    assert msg.endswith("odd one out: [3] (the other 3 ranks agree)")
 
 
 def test_config_fingerprint_ignores_the_loader_and_sees_hyperparameters() -> None:

@@ -65,7 +65,7 @@ def run_rules(ev: Evidence) -> list[Finding]:
             continue
         if finding is not None:
             findings.append(finding)
-    return sorted(findings, key=lambda f: (_SEVERITY_ORDER[f.severity], -f.confidence, f.code))
+    return sorted(findings, key=lambda f: (_SEVERITY_ORDER[f.severity], -f.confidence, not f.direct, f.code))
 
 
 def verdict_for(ev: Evidence, findings: list[Finding]) -> Verdict:
@@ -73,6 +73,8 @@ def verdict_for(ev: Evidence, findings: list[Finding]) -> Verdict:
     serious = [f for f in findings if f.severity in ("error", "warning")]
     if serious:
         return "not_sync_problem" if serious[0].category in NOT_SYNC else "sync_problem"
+    if ev.probe_disabled:
+        return "inconclusive"  # a rank went unwatched: its silence proves nothing
     checked = any(c.get("status") == "ok" for c in ev.checks)
     several_ranks = ev.losses.height > 0 and ev.losses["rank"].n_unique() > 1
     if (ev.has_records and (checked or len(ev.ranks) == 1)) or several_ranks:
@@ -138,8 +140,21 @@ def _series(frame: pl.DataFrame, value: str) -> dict[int, list[list[float]]]:
             for rank, steps, values in bucketed.iter_rows()}
 
 
+def _unchecked(ev: Evidence) -> list[str]:
+    """What the records could not show, said first among the warnings."""
+    out = []
+    disabled = ev.probe_disabled
+    if disabled:
+        step, message = next(iter(disabled.values()))
+        out.append(f"the probe disabled itself on {len(disabled)} of {len(ev.ranks)} ranks "
+                   f"(ranks {sorted(disabled)[:16]}, first at step {step}: {message[:200]}); "
+                   "from then on those replicas were not checked, so no verdict of health can be given")
+    return out
+
+
 def diagnose_evidence(ev: Evidence) -> Diagnosis:
     findings = run_rules(ev)
+    ev.warnings[:0] = _unchecked(ev)
     div = ev.divergence
     return Diagnosis(
         verdict=verdict_for(ev, findings),

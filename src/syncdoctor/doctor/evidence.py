@@ -114,11 +114,8 @@ class Evidence:
     def losses(self) -> pl.DataFrame:
         """rank, step, loss: probe records first (exact), else parsed logs."""
         if self.records is not None and self.steps.height and self.steps["loss"].null_count() < self.steps.height:
-            frame = self.steps.select("rank", "step", "loss")
-            nonfinite = self._nonfinite_losses()
-            if nonfinite is not None:
-                frame = pl.concat([frame.filter(pl.col("loss").is_not_null()), nonfinite]).sort("rank", "step")
-            return frame.filter(pl.col("loss").is_not_null())
+            # NaN and inf stay (the reader restores them): they are evidence.
+            return self.steps.select("rank", "step", "loss").filter(pl.col("loss").is_not_null())
         if self.logs is not None and self.logs.losses.height:
             frame = self.logs.losses.select("rank", "step", "loss")
             if frame["rank"].null_count() == frame.height:
@@ -126,9 +123,6 @@ class Evidence:
             return (frame.filter(pl.col("rank").is_not_null() & pl.col("step").is_not_null())
                     .unique(["rank", "step"], keep="last").sort("rank", "step"))
         return pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "loss": pl.Float64})
-
-    def _nonfinite_losses(self) -> pl.DataFrame | None:
-        return None  # the writer stores NaN/inf as null + "nonfinite"; read as missing for now
 
     @cached_property
     def loss_wide(self) -> pl.DataFrame:
@@ -478,6 +472,17 @@ class Evidence:
             return None
         timed = [e for e in failures if e.t is not None]
         return min(timed, key=lambda e: e.t) if timed else failures[0]
+
+    @cached_property
+    def probe_disabled(self) -> dict[int, tuple[int | None, str]]:
+        """Ranks whose probe disabled itself (an exception inside the probe): from that
+        step on nothing was recorded or checked there. {rank: (step, message)}"""
+        out: dict[int, tuple[int | None, str]] = {}
+        for e in self.records.events if self.records is not None else []:
+            message = str(e.get("message", ""))
+            if message.startswith("probe disabled") and isinstance(e.get("rank"), int):
+                out.setdefault(e["rank"], (e.get("step"), message))
+        return out
 
     @cached_property
     def ended_early(self) -> list[int]:

@@ -75,6 +75,9 @@ class Finding:
     tensor: str | None = None
     evidence: list[str] = field(default_factory=list)
     fix: str = ""
+    # The cause itself was observed (a setting seen different at start), not inferred
+    # from its consequence: it ranks first among findings as likely.
+    direct: bool = False
 
 
 @dataclass

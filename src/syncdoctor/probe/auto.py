@@ -7,8 +7,9 @@ results, the same exceptions and the same exit code.
   probe's check never waits longer) and tee the output to logs/rank{R}.log.
 - `DistributedDataParallel.__init__`: fingerprint the replica before DDP's broadcast
   (an unseeded init is otherwise hidden), then attach a probe to the new wrapper.
-- a global optimizer step post-hook: bind the probe to the optimizer at its first
-  step; without DDP (a hand-written all-reduce loop) create the probe there.
+- global optimizer step pre- and post-hooks: bind the probe to the optimizer before
+  its first update (the initial weights are fingerprinted then); without DDP (a
+  hand-written all-reduce loop) create the probe there.
 - `torch.autograd.backward`: a scalar reaching backward() is the loss.
 - `GradScaler._maybe_opt_step`: the loss scale, and the skipped step on overflow.
 - `DataLoader.__init__`, `_Loss.__init__`: remember them for the snapshot.
@@ -171,6 +172,12 @@ def _probe_for_optimizer(optimizer: torch.optim.Optimizer, create: bool) -> tupl
     return probe, True
 
 
+def _before_any_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """Bind (or, without DDP, create) the probe before the optimizer's first update, so
+    that the snapshot's initial weights are the weights training started from."""
+    _probe_for_optimizer(optimizer, create=True)
+
+
 def _on_any_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     probe, bound_now = _probe_for_optimizer(optimizer, create=True)
     if probe is not None and bound_now:
@@ -234,7 +241,10 @@ def install() -> None:
     from torch.amp.grad_scaler import GradScaler
     from torch.nn.modules.loss import _Loss
     from torch.nn.parallel import DistributedDataParallel
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
     from torch.utils.data import DataLoader
 
     def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -286,4 +296,5 @@ def install() -> None:
     _wrap(GradScaler, "_maybe_opt_step", make_scaler_step)
     _wrap(DataLoader, "__init__", _remember(_loaders))
     _wrap(_Loss, "__init__", _remember(_loss_modules))
+    register_optimizer_step_pre_hook(lambda *a: _safe(_before_any_step, *a))
     register_optimizer_step_post_hook(_on_any_step)

@@ -237,9 +237,21 @@ class CrossRankCheck:
                     time.sleep(0.05)
             if not self.everyone_reads and not self.stopped:
                 self._poll_verdicts()
+            self._wait_for_readers(deadline)
         except Exception as exc:
             self._give_up(self.probe.step, exc)
         self.stopped = True
+
+    def _wait_for_readers(self, deadline: float) -> None:
+        """Rank 0 usually hosts the store (Lightning, mp.spawn, a plain
+        init_process_group): if it left first, the ranks still reading the last
+        blocks would lose them. So it stays until every rank has finished (or until
+        `deadline`: a rank that died does not hold the job's end)."""
+        self.store.add("finished", 1)
+        if self.rank != 0:
+            return
+        while self.store.add("finished", 0) < self.world_size and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def _read_due(self, upto: int | None, deadline: float | None = None) -> None:
         """Read the due blocks that end at check `upto` or before (None: all), oldest

@@ -141,6 +141,12 @@ class Probe:
         self._params = [p for _, p in self._named_params]
         self._param_ids = {id(p) for p in self._params}
         self._modules = list(self.module.modules())
+        # The initial weights, taken now: at DDP construction (after its broadcast), at
+        # attach, or before the first update of a loop without DDP (auto.py binds there).
+        # Taken at the first step's end it would already hold the first update, and a
+        # hyperparameter differing on one rank would look like an unseeded init.
+        self._init_param_fp = self._guard(lambda: combine(fingerprints(p for _, p in self._named_params)))
+        self._init_before_update = optimizer is None or not optimizer.state
         self._guard(self._install_model_hooks)
         if optimizer is not None:
             self.bind_optimizer(optimizer)
@@ -166,8 +172,9 @@ class Probe:
         snapshot = build_snapshot(
             rank=self.rank, world_size=self.world_size, model=self.model, optimizer=optimizer,
             loss_fn=self.loss_fn, loader=self.loader, global_batch=self.global_batch,
-            tensor_names=names, init_param_fp=combine(fingerprints(p for _, p in self._named_params)),
+            tensor_names=names, init_param_fp=self._init_param_fp,
         )
+        snapshot["init_param_fp_before_update"] = self._init_before_update and self.opt_steps == 0
         if self.init_param_fp_local is not None:
             snapshot["init_param_fp_local"] = self.init_param_fp_local
         self._config_fp = config_fingerprint(snapshot)

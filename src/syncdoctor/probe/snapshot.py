@@ -104,16 +104,32 @@ def optimizer_info(optimizer: Any) -> dict[str, Any]:
 
 
 def loader_info(loader: Any) -> dict[str, Any]:
-    """Sampler and loader settings of a torch DataLoader, or a dict given as is."""
+    """Sampler and loader settings of a torch DataLoader, or a dict given as is. The
+    sharding fields carry the names every probe writes (docs/records.md): `num_replicas`,
+    `rank` (the shard this rank reads), `seed`, `shuffle`, `epoch`; a loader whose
+    sampler does not shard reads the whole dataset: num_replicas 1."""
     if loader is None or isinstance(loader, dict):
         return dict(loader or {})
     sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
     info: dict[str, Any] = {"type": type(loader).__name__, "batch_size": getattr(loader, "batch_size", None),
                             "drop_last": getattr(loader, "drop_last", None),
                             "sampler": type(sampler).__name__ if sampler is not None else None}
-    for attr in ("shuffle", "seed", "drop_last", "num_replicas", "rank", "epoch"):
-        if hasattr(sampler, attr):
-            info[f"sampler_{attr}"] = getattr(sampler, attr)
+    # Where the sharding lives: a DistributedSampler (also inside a batch sampler, as
+    # Lightning and accelerate nest it), or a batch-level shard (accelerate's
+    # num_processes / process_index).
+    for obj in (sampler, batch_sampler, getattr(batch_sampler, "sampler", None),
+                getattr(batch_sampler, "batch_sampler", None)):
+        for attr, key in (("num_replicas", "num_replicas"), ("rank", "rank"), ("num_processes", "num_replicas"),
+                          ("process_index", "rank"), ("shuffle", "shuffle"), ("seed", "seed"), ("epoch", "epoch")):
+            value = getattr(obj, attr, None)
+            if key not in info and isinstance(value, (int, float, str, bool)):
+                info[key] = value
+    plain = {type(sampler).__name__, type(batch_sampler).__name__} <= {"SequentialSampler", "RandomSampler",
+                                                                       "BatchSampler"}
+    if "num_replicas" not in info and plain:
+        info["num_replicas"] = 1  # torch's own samplers: every rank reads the whole dataset
+        info["shuffle"] = type(sampler).__name__ == "RandomSampler"
     try:
         info["dataset_len"] = len(loader.dataset)
     except Exception:

@@ -227,10 +227,21 @@ def _parse_steps(blob: bytes, out: RunRecords) -> pl.DataFrame:
     # real job has) is dropped here rather than breaking them downstream.
     usable = frame.filter(pl.col("step").is_not_null()
                           & pl.col("rank").is_between(0, MAX_WORLD_SIZE - 1))
+    usable = _restore_nonfinite(usable)
     if usable.height < frame.height:
         out.warnings.append(f"{frame.height - usable.height} step records without a usable "
                             "rank or step skipped")
     return usable.sort(["rank", "step"])
+
+
+def _restore_nonfinite(frame: pl.DataFrame) -> pl.DataFrame:
+    """A NaN or infinite loss or lr comes back as the float it was ("nan", "inf" in
+    the record's `nonfinite` field): a loss that went NaN is evidence, not a gap."""
+    if "nonfinite" not in frame.columns or frame["nonfinite"].null_count() == frame.height:
+        return frame
+    return frame.with_columns(
+        pl.coalesce(pl.col("nonfinite").struct.field(name).cast(pl.Float64, strict=False), pl.col(name)).alias(name)
+        for name in ("loss", "lr"))
 
 
 def _coerce(value: Any, dtype: pl.DataType) -> Any:
@@ -238,6 +249,8 @@ def _coerce(value: Any, dtype: pl.DataType) -> Any:
     does on the fast path, for the lines it could not take at all."""
     if isinstance(dtype, pl.List):
         return [_coerce(v, dtype.inner) for v in value] if isinstance(value, list) else None
+    if isinstance(dtype, pl.Struct):
+        return {f.name: _coerce(value.get(f.name), f.dtype) for f in dtype.fields} if isinstance(value, dict) else None
     if isinstance(value, bool) or dtype == pl.Boolean:
         return value if isinstance(value, bool) and dtype == pl.Boolean else None
     if dtype == pl.Int64:

@@ -41,5 +41,7 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
     "ids": pl.List(pl.Int64()),
     "tensor_norms": pl.List(pl.Float64()),
     "tensor_fps": pl.List(pl.Int64()),
+    # JSON has no NaN/inf: the writer stores such a value as null and names it here.
+    "nonfinite": pl.Struct({"loss": pl.String(), "lr": pl.String()}),
 }
 

@@ -30,10 +30,11 @@ class Rule:
 
     def found(self, confidence: float, evidence: list[str], *, ranks: list[int] | None = None,
               step: int | None = None, tensor: str | None = None, title: str | None = None,
-              severity: Severity | None = None) -> Finding:
+              severity: Severity | None = None, direct: bool = False) -> Finding:
         return Finding(code=self.code, category=self.category, severity=severity or self.severity,
                        confidence=round(max(0.0, min(1.0, confidence)), 2), title=title or self.title,
-                       ranks=sorted(ranks or []), step=step, tensor=tensor, evidence=evidence, fix=self.fix)
+                       ranks=sorted(ranks or []), step=step, tensor=tensor, evidence=evidence, fix=self.fix,
+                       direct=direct)
 
     @classmethod
     def docs(cls) -> dict[str, Any]:

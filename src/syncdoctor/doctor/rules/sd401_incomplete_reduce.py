@@ -36,8 +36,8 @@ class IncompleteReduce(Rule):
             return None
         if ev.overflow_disagreement:
             return None  # a rank zeroed its overflowed gradients: the overflow rule owns it
-        evidence = [f"reduced gradients differ across ranks from step {div.step}: {fmt_ranks(div.ranks)} "
-                    "out of step with the others while step counters agree"]
+        evidence = [f"reduced gradients differ across ranks from step {div.step} on {fmt_ranks(div.ranks)} "
+                    "while step counters agree"]
         if div.tensor:
             evidence.append(f"first differing tensor: {div.tensor}")
         if ev.unreduced_ranks:
@@ -47,4 +47,7 @@ class IncompleteReduce(Rule):
                 if e.step is None or e.step <= div.step]
         for event in comm[:3]:
             evidence.append(f"before the divergence: {event.source}:{event.line}: {event.raw[:160]}")
-        return self.found(0.9, evidence, ranks=div.ranks, step=div.step, tensor=div.tensor)
+        # The rank whose gradients came out of the reduce untouched is the one left out:
+        # evidence that names it even where no majority could (two ranks).
+        ranks = [r for r in ev.unreduced_ranks if r in div.ranks] or div.ranks
+        return self.found(0.9, evidence, ranks=ranks, step=div.step, tensor=div.tensor)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
-from syncdoctor.records.compare import majority_outliers
+from syncdoctor.records.compare import agreement, describe_split
 
 
 class StepMisalignment(Rule):
@@ -46,11 +46,10 @@ class StepMisalignment(Rule):
                      for name in ("micro", "backward", "opt_steps") if name in table and len(set(table[name].values())) > 1]
             evidence.append(f"at step {div.step} counters differ across ranks {sorted(table.get('micro', {}))}: " + "; ".join(parts))
         if uneven_micro:
-            odd = majority_outliers(micro)
-            common = micro[next(r for r in sorted(micro) if r not in odd)]
-            evidence.append(f"micro-steps per update: {common} on most ranks, "
-                            + ", ".join(f"{micro[r]} on rank {r}" for r in odd))
-            ranks.update(odd)
+            split = agreement(micro)
+            evidence.append("micro-steps per update: " + describe_split(micro)
+                            + ("" if split.has_majority else "; no majority to tell which rank is off"))
+            ranks.update(split.odd)
         if div and {"param", "opt"} & set(div.what):
             evidence.append(f"parameters/optimizer state part at step {div.step}")
         elif div:

@@ -3,6 +3,7 @@ from __future__ import annotations
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.records.compare import agreement, describe_split
 
 
 class InitMismatch(Rule):
@@ -32,24 +33,31 @@ class InitMismatch(Rule):
     def evaluate(self, ev: Evidence) -> Finding | None:
         evidence = []
         ranks: list[int] = []
-        init = ev.differing("init_param_fp")
+        # The initial fingerprint proves an init mismatch only when it was taken before
+        # any update (older records do not say: trusted as before).
+        before = {r: v for r, v in ev.snapshot_values("init_param_fp_before_update").items()}
+        init_values = {r: fp for r, fp in ev.snapshot_values("init_param_fp").items()
+                       if fp is not None and before.get(r) is not False}
+        init = init_values if len(set(init_values.values())) > 1 else None
         if init:
-            groups: dict[object, list[int]] = {}
-            for rank, fp in init.items():
-                groups.setdefault(fp, []).append(rank)
-            evidence.append(f"parameters differ when the probe attached: {len(groups)} distinct initial weights "
-                            f"across {len(init)} ranks")
-            ranks = ev.ranks if len(groups) == len(init) else sorted(r for g in groups.values() if len(g) == 1 for r in g)
+            split = agreement(init_values)
+            evidence.append(f"parameters differ before the first update: {len(set(init.values()))} distinct "
+                            f"initial weights across {len(init)} ranks (fingerprinted when the probe attached)")
+            ranks = split.odd
+        elif len(init_values) > 1 and len(init_values) == len(ev.snapshots):
+            return None  # every rank started from the same weights: whatever parted came later
         div = ev.divergence
         first_step = int(ev.steps["step"].min()) if ev.has_records else None
-        if div and "param" in div.what and "counter" not in div.what and div.step == first_step:
-            evidence.append(f"parameters differ at the first recorded step ({div.step}) with identical counters; "
-                            f"{fmt_ranks(div.ranks)} out of step")
-            ranks = ranks or div.ranks
+        if not init and div and "param" in div.what and "counter" not in div.what and div.step == first_step:
+            if ev.differing("optimizer", "param_groups") or ev.differing("loss", "params"):
+                return None  # a configuration seen different at start explains a first update that differs
+            evidence.append(f"parameters differ at the first recorded step ({div.step}, after its update) with "
+                            f"identical counters; {fmt_ranks(div.ranks)} disagree")
+            ranks = div.ranks
         if not evidence:
             return None
         seeds = ev.differing("seed", "torch_initial_seed") or ev.differing("seed", "ms_seed")
         if seeds:
-            evidence.append("seeds differ: " + ", ".join(f"rank {r}: {v}" for r, v in sorted(seeds.items())))
-        return self.found(0.95 if init else 0.8, evidence, ranks=ranks, step=0,
-                          tensor=div.tensor if div else None)
+            evidence.append("seeds differ: " + describe_split(seeds))
+        return self.found(0.95 if init else 0.7, evidence, ranks=ranks, step=0,
+                          tensor=div.tensor if div else None, direct=bool(init))

@@ -5,7 +5,7 @@ import polars as pl
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
-from syncdoctor.records.compare import majority_outliers
+from syncdoctor.records.compare import agreement, describe_split
 
 
 class ModeMismatch(Rule):
@@ -41,7 +41,22 @@ class ModeMismatch(Rule):
         step = int(per_step["step"].min()) if per_step.height else div.step  # type: ignore[union-attr]
         at = modes.filter(pl.col("step") == step)
         values = dict(zip(at["rank"].to_list(), at["train_mode"].to_list(), strict=True))
-        odd = majority_outliers(values)
+        split = agreement(values)
+        odd = split.odd
+        if not split.has_majority:
+            # No majority, but the mode itself tells: training runs in train mode, so
+            # the ranks with fewer modules in train mode are the odd ones.
+            trained = {r: _modules_in_train(v) for r, v in values.items()}
+            most = max(trained.values())
+            odd = sorted(r for r, n in trained.items() if n < most) or odd
         return self.found(0.95, [
-            f"modules in train mode at step {step}: " + ", ".join(f"rank {r}: {v}" for r, v in sorted(values.items())),
+            f"modules in train mode at step {step}: " + describe_split(values),
         ], ranks=odd, step=step)
+
+
+def _modules_in_train(mode: str) -> int:
+    """The n of an `n/m` or `n/m:bitmap` train_mode value."""
+    try:
+        return int(str(mode).split("/")[0])
+    except ValueError:
+        return 0

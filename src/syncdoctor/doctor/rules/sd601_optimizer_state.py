@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from typing import Any
+
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.records.compare import agreement, describe_split
 
 
 class OptimizerStateMismatch(Rule):
@@ -31,9 +34,12 @@ class OptimizerStateMismatch(Rule):
     def evaluate(self, ev: Evidence) -> Finding | None:
         evidence = []
         groups = ev.differing("optimizer", "param_groups")
+        kinds = ev.differing("optimizer", "type")
+        if kinds:
+            evidence.append("optimizer type differs at start: " + describe_split(kinds))
         if groups:
-            evidence.append("optimizer hyperparameters differ at start: "
-                            + "; ".join(f"rank {r}: {v[0] if v else v}" for r, v in sorted(groups.items())))
+            evidence.append("optimizer hyperparameters differ at start (snapshot before step 1): "
+                            + "; ".join(hyperparameter_differences(groups)))
         div = ev.divergence
         first_step = int(ev.steps["step"].min()) if ev.has_records else None
         state_only = (div is not None and {"param", "opt"} & set(div.what)
@@ -45,5 +51,29 @@ class OptimizerStateMismatch(Rule):
             return None
         if ev.overflow_disagreement:
             return None
-        return self.found(0.95 if groups else 0.85, evidence, ranks=div.ranks if div else sorted(groups or {}),
-                          step=div.step if div else None, tensor=div.tensor if div else None)
+        direct = bool(groups or kinds)
+        ranks = agreement({r: repr(v) for r, v in (groups or kinds).items()}).odd if direct else []
+        if div is not None and div.ranks and not ranks:
+            ranks = div.ranks
+        return self.found(0.95 if direct else 0.85, evidence, ranks=ranks,
+                          step=div.step if div else None, tensor=div.tensor if div else None, direct=direct)
+
+
+def hyperparameter_differences(groups: dict[int, Any]) -> list[str]:
+    """`weight_decay 0.05 (rank 0) vs 0.0001 (rank 1)` for each hyperparameter of each
+    param group that differs."""
+    out = []
+    n_groups = max((len(v) for v in groups.values() if isinstance(v, list)), default=0)
+    for g in range(n_groups):
+        per_rank = {r: (v[g] if isinstance(v, list) and g < len(v) and isinstance(v[g], dict) else {})
+                    for r, v in groups.items()}
+        keys = sorted({k for d in per_rank.values() for k in d})
+        prefix = f"group {g}: " if n_groups > 1 else ""
+        for key in keys:
+            values = {r: d.get(key) for r, d in per_rank.items()}
+            if len({repr(v) for v in values.values()}) > 1:
+                out.append(f"{prefix}{key} {describe_split(values)}")
+    counts = {r: len(v) if isinstance(v, list) else 0 for r, v in groups.items()}
+    if len(set(counts.values())) > 1:
+        out.append(f"number of param groups {describe_split(counts)}")
+    return out or ["param groups differ"]

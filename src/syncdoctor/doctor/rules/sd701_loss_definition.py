@@ -46,8 +46,12 @@ class LossDefinitionMismatch(Rule):
         offsets = ev.offsets
         if offsets is None:
             return None
-        if len(ev.snapshot_values("loss", "params")) > 1:
-            return None  # the snapshots show one loss definition: an offset comes from the data
+        types = ev.snapshot_values("loss", "type")
+        if len(types) > 1 and None not in types.values():
+            # Every rank recorded the same loss module with the same settings: the offset
+            # comes from the data. Without a recorded module (a loss computed inside the
+            # model, a smoother outside it) the snapshots prove nothing about the loss.
+            return None
         if ev.divergence is not None and ({"mode", "param", "counter"} & set(ev.divergence.what)):
             return None  # parted replicas or modes explain offsets better
         odd = [r for r, t in offsets.t_stat.items() if abs(t) > OFFSET_T and abs(offsets.by_rank[r]) > OFFSET_MIN
