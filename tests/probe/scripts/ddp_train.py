@@ -1,6 +1,7 @@
 """An ordinary DDP training script, with no syncdoctor in it: what `syncdoctor run`
 must attach to. Options used by the tests: --exit-code (end with that code),
---comm-hook (register the script's own DDP comm hook), --steps, --seed.
+--comm-hook (register the script's own DDP comm hook), --steps, --seed, and the
+silent bugs --odd-weight-decay-rank R and --nan-at RANK:STEP.
 
 With SYNCDOCTOR_TEST_PAUSE="where:rank:step" (kill tests only) one rank stops at a
 chosen point (mid-record, just before the check, inside the comm hook), writes
@@ -32,6 +33,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--exit-code", type=int, default=0)
     p.add_argument("--comm-hook", action="store_true")
     p.add_argument("--pg-timeout", type=float, default=20.0)
+    # Silent bugs for the round-trip tests: a rank-dependent weight decay, a loss
+    # that turns NaN on one rank ("1:12") or on all ("all:12") from a step on.
+    p.add_argument("--odd-weight-decay-rank", type=int, default=None)
+    p.add_argument("--nan-at", default=None)
     return p.parse_args(argv)
 
 
@@ -112,12 +117,16 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
 
         model.register_comm_hook(None, mean_hook)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    weight_decay = 1e-2 if rank == args.odd_weight_decay_rank else 0.0
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=weight_decay)
+    nan_rank, nan_step = (args.nan_at.split(":") if args.nan_at else (None, "0"))
     epoch = 0
     while state["step"] < args.steps:
         sampler.set_epoch(epoch)
         for x, y in loader:
             loss = loss_fn(model(x), y)
+            if nan_rank in ("all", str(rank)) and state["step"] + 1 >= int(nan_step):
+                loss = loss * float("nan")
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
