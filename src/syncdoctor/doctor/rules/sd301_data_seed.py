@@ -3,6 +3,7 @@ from __future__ import annotations
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.records.compare import describe_split
 
 
 class UnseededShuffle(Rule):
@@ -37,7 +38,7 @@ class UnseededShuffle(Rule):
                     f"read by another rank (0% under a common shuffle); {overlap['coverage']} distinct samples seen"]
         seeds = ev.differing("loader", "seed")
         if seeds:
-            evidence.append("loader seeds differ: " + ", ".join(f"rank {r}: {v}" for r, v in sorted(seeds.items())))
+            evidence.append("loader seeds differ: " + describe_split(seeds))
         elif any(v is None for v in ev.snapshot_values("loader", "seed").values()):
             evidence.append("the loader reports no shuffle seed")
         return self.found(0.85, evidence, ranks=ev.ranks)

@@ -42,9 +42,9 @@ class StepMisalignment(Rule):
         step = div.step if div else None
         if div and "counter" in div.what:
             table = ev.counter_table
-            parts = [f"{name} " + "/".join(str(table[name].get(r)) for r in sorted(table[name]))
+            parts = [f"{name} {describe_split(table[name])}"
                      for name in ("micro", "backward", "opt_steps") if name in table and len(set(table[name].values())) > 1]
-            evidence.append(f"at step {div.step} counters differ across ranks {sorted(table.get('micro', {}))}: " + "; ".join(parts))
+            evidence.append(f"at step {div.step} counters differ: " + "; ".join(parts))
         if uneven_micro:
             split = agreement(micro)
             evidence.append("micro-steps per update: " + describe_split(micro)

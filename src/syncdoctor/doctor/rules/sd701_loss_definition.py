@@ -3,7 +3,7 @@ from __future__ import annotations
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule, fmt_ranks
-from syncdoctor.records.compare import majority_outliers
+from syncdoctor.records.compare import describe_split, majority_outliers
 
 # In some window of consecutive steps: |t| of the mean offset, the share of steps on
 # the same side, and the size, that ranks reading different data do not reach by chance.
@@ -39,10 +39,12 @@ class LossDefinitionMismatch(Rule):
         if params:
             keys = sorted({k for v in params.values() if isinstance(v, dict) for k in v})
             changed = [k for k in keys if len({repr((params[r] or {}).get(k)) for r in params}) > 1] if keys else []
-            detail = ", ".join(f"{k}: " + "/".join(str((params[r] or {}).get(k)) for r in sorted(params))
-                               for k in changed) or "type differs"
-            return self.found(0.95, [f"loss settings differ across ranks {sorted(params)}: {detail}"],
-                              ranks=majority_outliers({r: repr(v) for r, v in params.items()}))
+            detail = "; ".join(f"{k} " + describe_split({r: (params[r] or {}).get(k) for r in params})
+                               for k in changed)
+            if not detail:
+                detail = "type " + describe_split(ev.snapshot_values("loss", "type"))
+            return self.found(0.95, [f"loss settings differ at start (snapshot before step 1): {detail}"],
+                              ranks=majority_outliers({r: repr(v) for r, v in params.items()}), direct=True)
         offsets = ev.offsets
         if offsets is None:
             return None
