@@ -152,8 +152,30 @@ def _unchecked(ev: Evidence) -> list[str]:
     return out
 
 
+def _in_mesh_terms(ev: Evidence, findings: list[Finding]) -> None:
+    """Under a device mesh, the findings that explain the divergence say which replica
+    group parted, in the mesh's own words: `replica group (ranks 1, 3), shard 1`."""
+    div = ev.divergence
+    mesh = ev.mesh
+    if div is None or mesh is None:
+        return
+    from syncdoctor.probe.mesh import group_name
+
+    groups = div.detail.get("groups") or []
+    lines = []
+    for group in groups[:4]:
+        what = "/".join(group.get("what") or div.what)
+        tensor = f" `{div.tensor}`" if div.tensor else ""
+        lines.append(f"in {group_name(group.get('dims') or [], group.get('members') or [], mesh)}: "
+                     f"{what}{tensor} differs from step {div.step}")
+    for finding in findings:
+        if lines and finding.step == div.step and set(finding.ranks) & set(div.ranks):
+            finding.evidence[:0] = lines
+
+
 def diagnose_evidence(ev: Evidence) -> Diagnosis:
     findings = run_rules(ev)
+    _in_mesh_terms(ev, findings)
     ev.warnings[:0] = _unchecked(ev)
     div = ev.divergence
     return Diagnosis(

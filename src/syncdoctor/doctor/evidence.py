@@ -253,39 +253,112 @@ class Evidence:
         if not self.has_records:
             return set()
         parted = set()
-        for column, label in (("grad_fp", "grad"), ("opt_fp", "opt")):
-            if column not in self.steps.columns:
-                continue
-            measured = (self.steps.filter((pl.col("step") >= step) & pl.col(column).is_not_null())
-                        .group_by("step").agg(pl.col(column).n_unique().alias("values"), pl.len().alias("n"))
-                        .filter(pl.col("n") > 1).sort("step"))
-            if measured.height and measured["values"][0] > 1:
-                parted.add(label)
+        for kind in ("grad", "opt"):
+            first_measured = self._first_measured(kind, step)
+            if first_measured is not None and self._first_disagreement(kind, first_measured, first_measured):
+                parted.add(kind)
         return parted
 
     def _divergence_from_steps(self) -> Divergence | None:
         steps = self.steps
         if not self.has_records or steps["rank"].n_unique() < 2:
             return None
-        labels = {"param_fp": "param", "opt_fp": "opt", "grad_fp": "grad", "micro": "counter",
-                  "backward": "counter", "opt_steps": "counter"}
-        cols = [c for c in (*INVARIANTS, *COUNTERS) if c in steps.columns]
-        per_step = (steps.group_by("step")
-                    .agg([pl.col(c).drop_nulls().n_unique().alias(c) for c in cols] + [pl.len().alias("n")])
-                    .filter(pl.col("n") > 1).sort("step"))
-        differing = per_step.filter(pl.any_horizontal([pl.col(c) > 1 for c in cols]))
-        if not differing.height:
+        found: list[tuple[int, str, list[int], dict[str, Any] | None]] = []
+        for kind in ("param", "opt", "grad"):
+            parted = self._first_disagreement(kind)
+            if parted is not None:
+                found.append((parted[0], kind, parted[1], parted[2]))
+        cols = [c for c in COUNTERS if c in steps.columns]
+        if cols:
+            per_step = (steps.group_by("step")
+                        .agg([pl.col(c).drop_nulls().n_unique().alias(c) for c in cols] + [pl.len().alias("n")])
+                        .filter(pl.col("n") > 1).sort("step"))
+            differing = per_step.filter(pl.any_horizontal([pl.col(c) > 1 for c in cols]))
+            if differing.height:
+                step = int(differing["step"][0])
+                row = differing.row(0, named=True)
+                at = steps.filter(pl.col("step") == step)
+                ranks: set[int] = set()
+                for c in cols:
+                    if row[c] > 1:
+                        values = {int(r): v for r, v in zip(at["rank"], at[c], strict=True) if v is not None}
+                        ranks.update(majority_outliers(values))
+                found.append((step, "counter", sorted(ranks), None))
+        if not found:
             return None
-        step = int(differing["step"][0])
-        row = differing.row(0, named=True)
-        what = sorted({labels[c] for c in cols if row[c] > 1})
-        at = steps.filter(pl.col("step") == step)
-        ranks: set[int] = set()
-        for c in cols:
-            if row[c] > 1:
-                values = {int(r): v for r, v in zip(at["rank"], at[c], strict=True) if v is not None}
-                ranks.update(majority_outliers(values))
-        return Divergence(step, sorted(ranks), what)
+        step = min(f[0] for f in found)
+        first = [f for f in found if f[0] == step]
+        detail: dict[str, Any] = {}
+        groups = [f[3] for f in first if f[3] is not None and self.replica]
+        if groups:
+            detail["groups"] = groups
+        return Divergence(step, sorted({r for f in first for r in f[2]}), sorted({f[1] for f in first}),
+                          detail=detail)
+
+    # ------------------------------------------------------------------ replica groups
+    @cached_property
+    def replica(self) -> dict[int, dict[str, Any]]:
+        """Per rank, the placement classes and replica keys of a sharded/hybrid job
+        (probe/mesh.py); empty under plain data parallelism."""
+        return {r: snap["replica"] for r, snap in self.snapshots.items() if isinstance(snap.get("replica"), dict)}
+
+    @cached_property
+    def mesh(self) -> dict[str, Any] | None:
+        """The device mesh of a sharded/hybrid job (shape, dimension names, ranks)."""
+        return next((info.get("mesh") for info in self.replica.values() if info.get("mesh")), None)
+
+    def _long_fps(self, kind: str) -> pl.DataFrame:
+        """rank, step, class, key, value: the fingerprints of `kind` (param, opt, grad)
+        per placement class, with the replica key each rank holds for it. Under plain
+        data parallelism: one class whose key is the same on every rank."""
+        steps = self.steps
+        if not self.replica:
+            column = f"{kind}_fp"
+            if column not in steps.columns:
+                return pl.DataFrame()
+            return (steps.filter(pl.col(column).is_not_null())
+                    .select("rank", "step", pl.lit(0, dtype=pl.Int64).alias("class"),
+                            pl.lit(1, dtype=pl.Int64).alias("key"), pl.col(column).alias("value")))
+        if "replica_fps" not in steps.columns:
+            return pl.DataFrame()
+        values = (steps.filter(pl.col("replica_fps").is_not_null())
+                  .select("rank", "step", pl.col("replica_fps").struct.field(kind).alias("value"))
+                  .filter(pl.col("value").is_not_null())
+                  .with_columns(pl.int_ranges(0, pl.col("value").list.len(), dtype=pl.Int64).alias("class"))
+                  .explode("value", "class"))
+        keys = pl.DataFrame([(r, c, int(k)) for r, info in self.replica.items()
+                             for c, k in enumerate(info.get("keys") or [])],
+                            schema={"rank": pl.Int64, "class": pl.Int64, "key": pl.Int64}, orient="row")
+        return values.join(keys, on=["rank", "class"])
+
+    def _first_measured(self, kind: str, step: int) -> int | None:
+        frame = self._long_fps(kind)
+        later = frame.filter(pl.col("step") >= step) if frame.height else frame
+        return int(later["step"].min()) if later.height else None
+
+    def _first_disagreement(self, kind: str, start: int | None = None, end: int | None = None
+                            ) -> tuple[int, list[int], dict[str, Any]] | None:
+        """The first step (in [start, end]) where ranks that must hold the same `kind`
+        do not: (step, the odd ranks, the replica group)."""
+        frame = self._long_fps(kind)
+        if not frame.height:
+            return None
+        if start is not None:
+            frame = frame.filter(pl.col("step") >= start)
+        if end is not None:
+            frame = frame.filter(pl.col("step") <= end)
+        groups = (frame.group_by("step", "class", "key")
+                  .agg(pl.col("value").n_unique().alias("k"), pl.col("rank"), pl.col("value"))
+                  .filter(pl.col("k") > 1).sort("step", "class"))
+        if not groups.height:
+            return None
+        row = groups.row(0, named=True)
+        values = dict(zip(row["rank"], row["value"], strict=True))
+        group: dict[str, Any] = {"class": row["class"], "members": sorted(values), "odd": majority_outliers(values)}
+        classes = next(iter(self.replica.values())).get("classes") if self.replica else None
+        if classes and row["class"] < len(classes):
+            group["dims"] = classes[row["class"]]
+        return int(row["step"]), group["odd"], group
 
     @cached_property
     def counter_table(self) -> dict[str, dict[int, Any]]:
@@ -368,7 +441,15 @@ class Evidence:
         if not self.has_records or self.steps["data_fp"].null_count() == self.steps.height:
             return 0.0, []
         rows = self.steps.filter(pl.col("data_fp").is_not_null())
-        dup = rows.group_by("step", "data_fp").agg(pl.col("rank")).filter(pl.col("rank").list.len() > 1)
+        if self.replica:
+            # Ranks of one data shard (tensor-parallel peers) read the same batch by design.
+            keys = pl.DataFrame([(r, info.get("data_key")) for r, info in self.replica.items()],
+                                schema={"rank": pl.Int64, "data_key": pl.Int64}, orient="row")
+            rows = rows.join(keys, on="rank", how="left").with_columns(pl.col("data_key").fill_null(-1 - pl.col("rank")))
+            dup = (rows.group_by("step", "data_fp").agg(pl.col("rank"), pl.col("data_key").n_unique().alias("keys"))
+                   .filter(pl.col("keys") > 1))
+        else:
+            dup = rows.group_by("step", "data_fp").agg(pl.col("rank")).filter(pl.col("rank").list.len() > 1)
         n_steps = rows["step"].n_unique()
         if not dup.height:
             return 0.0, []
@@ -429,6 +510,32 @@ class Evidence:
         return {}
 
     # ------------------------------------------------------------------ snapshots
+    def initial_weights(self) -> tuple[list[int], int, int] | None:
+        """Whether the replicas started from the same weights, from fingerprints taken
+        before any update: (the odd ranks, distinct initial weights, ranks compared), or
+        None when the snapshots cannot tell. Under a mesh, per replica group."""
+        before = self.snapshot_values("init_param_fp_before_update")
+        usable = {r: s for r, s in self.snapshots.items() if before.get(r) is not False}
+        if len(usable) < 2:
+            return None
+        if self.replica:
+            odd: set[int] = set()
+            distinct = 0
+            groups: dict[tuple[int, int], dict[int, int]] = {}
+            for r in usable:
+                info = self.replica.get(r) or {}
+                for c, (key, fp) in enumerate(zip(info.get("keys") or [], info.get("init_fps") or [], strict=False)):
+                    groups.setdefault((c, key), {})[r] = fp
+            for values in groups.values():
+                if len(values) > 1 and len(set(values.values())) > 1:
+                    odd.update(majority_outliers(values))
+                    distinct = max(distinct, len(set(values.values())))
+            return sorted(odd), max(distinct, 1), len(usable)
+        values = {r: s.get("init_param_fp") for r, s in usable.items() if s.get("init_param_fp") is not None}
+        if len(values) < 2:
+            return None
+        return majority_outliers(values), len(set(values.values())), len(values)
+
     def snapshot_values(self, *path: str) -> dict[int, Any]:
         out = {}
         for rank, snap in self.snapshots.items():

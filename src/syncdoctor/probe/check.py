@@ -26,13 +26,13 @@ import struct
 import sys
 import time
 import zlib
-from collections import Counter
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch.distributed as dist
 
+from syncdoctor.probe.mesh import MAX_CLASSES
 from syncdoctor.records.compare import majority_outliers
 
 if TYPE_CHECKING:
@@ -43,8 +43,18 @@ MIN_SLACK_STEPS = 4
 FIELDS = ("step", "backward", "opt_steps", "micro", "param_fp", "opt_fp", "grad_fp",
           "buffer_fp", "data_fp", "config_fp", "mode", "loss_bits", "grad_norm_bits")
 N_INT = FIELDS.index("mode")  # the fields taken from the record as they are
-MUST_MATCH = ("step", "backward", "opt_steps", "micro", "param_fp", "opt_fp", "grad_fp", "config_fp",
-              "mode")
+# Job-wide: every rank must agree on these, whatever the parallelism.
+MUST_MATCH = ("step", "backward", "opt_steps", "micro", "config_fp", "mode")
+# Per placement class (probe/mesh.py): the class's replica key on this rank, then the
+# fingerprints of its local parameters, optimizer state and reduced gradients. Ranks
+# that posted the same key must agree on the three. Under DDP there is one class with
+# one key: every rank is compared with every other, as the whole-model fingerprints were.
+CLASS_FIELDS = ("key", "param_fp", "opt_fp", "grad_fp")
+CLASS_WHAT = {"param_fp": "param", "opt_fp": "opt", "grad_fp": "grad"}
+N_CLASS_COLUMNS = len(CLASS_FIELDS) * MAX_CLASSES
+# After the classes: the data key (ranks with equal keys may read the same batch, as
+# tensor-parallel peers do), then the per-tensor fingerprint groups.
+WIDTH = len(FIELDS) + N_CLASS_COLUMNS + 1
 WHAT = {"step": "counter", "backward": "counter", "opt_steps": "counter", "micro": "counter",
         "param_fp": "param", "opt_fp": "opt", "grad_fp": "grad", "buffer_fp": "buffer",
         "config_fp": "config", "mode": "mode"}
@@ -108,8 +118,25 @@ def _bits_float(bits: int) -> float | None:
     return None if bits == 0 else struct.unpack("<d", struct.pack("<q", int(bits)))[0]
 
 
+def plain_row(values: list[int], rank: int) -> list[int]:
+    """A row of FIELDS only (plain data parallelism) with its class section: one
+    replicated class holding the whole-model fingerprints, and a data key of its own."""
+    at = {f: values[i] for i, f in enumerate(FIELDS)}
+    classes = [1, at["param_fp"], at["opt_fp"], at["grad_fp"]] + [0] * (N_CLASS_COLUMNS - len(CLASS_FIELDS))
+    return [*values[:len(FIELDS)], *classes, rank + 1]
+
+
 def compare(table: list[list[int]], buffers_must_match: bool) -> tuple[list[str], list[int]]:
     """What differs across ranks in a gathered table (rows: ranks), and which ranks."""
+    what, ranks, _ = compare_groups(table, buffers_must_match)
+    return what, ranks
+
+
+def compare_groups(table: list[list[int]], buffers_must_match: bool
+                   ) -> tuple[list[str], list[int], list[dict[str, Any]]]:
+    """What differs, which ranks, and the replica groups that disagree:
+    [{"class": c, "members": [...], "odd": [...], "what": [...]}]."""
+    table = [row if len(row) >= WIDTH else plain_row(row, r) for r, row in enumerate(table)]
     column = {f: [row[i] for row in table] for i, f in enumerate(FIELDS)}
     fields = list(MUST_MATCH) + (["buffer_fp"] if buffers_must_match else [])
     what: list[str] = []
@@ -120,12 +147,50 @@ def compare(table: list[list[int]], buffers_must_match: bool) -> tuple[list[str]
             if WHAT[name] not in what:
                 what.append(WHAT[name])
             ranks.update(majority_outliers(dict(enumerate(values))))
-    data = [v for v in column["data_fp"] if v]
-    duplicates = [v for v, n in Counter(data).items() if n > 1]
+    groups = []
+    for c in range(MAX_CLASSES):
+        base = len(FIELDS) + c * len(CLASS_FIELDS)
+        members_by_key: dict[int, list[int]] = {}
+        for r, row in enumerate(table):
+            if row[base]:
+                members_by_key.setdefault(row[base], []).append(r)
+        for members in members_by_key.values():
+            differing = []
+            odd: set[int] = set()
+            for offset, name in enumerate(CLASS_FIELDS[1:], 1):
+                values = {r: table[r][base + offset] for r in members}
+                if len(set(values.values())) > 1:
+                    differing.append(CLASS_WHAT[name])
+                    odd.update(majority_outliers(values))
+            if differing:
+                groups.append({"class": c, "members": members, "odd": sorted(odd), "what": differing})
+                what.extend(w for w in differing if w not in what)
+                ranks.update(odd)
+    data_key = [row[WIDTH - 1] for row in table]
+    readers: dict[int, set[int]] = {}  # a batch -> the data keys that read it
+    for r, v in enumerate(column["data_fp"]):
+        if v:
+            readers.setdefault(v, set()).add(data_key[r])
+    duplicates = {v for v, keys in readers.items() if len(keys) > 1}
     if duplicates:
         what.append("data")
         ranks.update(i for i, v in enumerate(column["data_fp"]) if v in duplicates)
-    return what, sorted(ranks)
+    return what, sorted(ranks), groups
+
+
+def _groups_agree(keys: np.ndarray, values: np.ndarray) -> bool:
+    """Whether, at every check, the ranks that posted the same key posted the same
+    values (keys: ranks x checks; values: ranks x checks x fields)."""
+    for n in range(keys.shape[1]):
+        seen: dict[int, bytes] = {}
+        for r in range(keys.shape[0]):
+            key = int(keys[r, n])
+            if not key:
+                continue
+            value = values[r, n].tobytes()
+            if seen.setdefault(key, value) != value:
+                return False
+    return True
 
 
 READ_EVERY_STEPS = 100  # a block holds the checks of up to this many steps: one write, one read
@@ -186,6 +251,7 @@ class CrossRankCheck:
         )
         self._must_columns = [1 + FIELDS.index(f) for f in MUST_MATCH] + (
             [1 + FIELDS.index("buffer_fp")] if self.buffers_must_match else [])
+        self.layout = probe.layout
 
     def _key(self, block: int, rank: int) -> str:
         return f"{block % self.ring}/{rank}"
@@ -200,7 +266,8 @@ class CrossRankCheck:
         mode = zlib.crc32(str(record.get("train_mode")).encode())
         values = [self.count, *(record.get(f) or 0 for f in FIELDS[:N_INT]), mode,
                   _float_bits(record.get("loss")), _float_bits(record.get("grad_norm")),
-                  *tensor_groups(self.probe._last_tensor_fps)]
+                  *self._class_section(record), self._data_key(),
+                  *tensor_groups(self.probe.last_tensor_fps)]
         self.rows.append(values)
         try:
             if len(self.rows) == self.block:
@@ -210,6 +277,23 @@ class CrossRankCheck:
                 self._poll_verdicts()
         except Exception as exc:  # the store is gone (its host died) or does not answer
             self._give_up(record["step"], exc)
+
+    def _class_section(self, record: dict[str, Any]) -> list[int]:
+        layout = self.layout
+        if layout is None or not layout.sharded:
+            out = [1, record.get("param_fp") or 0, record.get("opt_fp") or 0, record.get("grad_fp") or 0]
+        else:
+            classes = record.get("replica_fps") or {}
+            out = []
+            for c, key in enumerate(layout.keys):
+                out += [key, *((classes.get(k) or [0] * MAX_CLASSES)[c] or 0 for k in ("param", "opt", "grad"))]
+        if not self.probe.opt_state_replicated:  # ZeRO: each rank holds its own part of the state
+            out[2::len(CLASS_FIELDS)] = [0] * len(out[2::len(CLASS_FIELDS)])
+        return out + [0] * (N_CLASS_COLUMNS - len(out))
+
+    def _data_key(self) -> int:
+        layout = self.layout
+        return layout.data_key if layout is not None and layout.data_key is not None else self.rank + 1
 
     def _post(self) -> None:
         """One store write for the block (sent without waiting for a reply): its number
@@ -275,7 +359,7 @@ class CrossRankCheck:
                 return
             self.due.pop(0)
             checks = min(len(rows) for rows in blocks)  # the last block may be short
-            table = np.stack([rows[:checks, : 1 + len(FIELDS)] for rows in blocks])  # rank x check x field
+            table = np.stack([rows[:checks, : 1 + WIDTH] for rows in blocks])  # rank x check x field
             if not self._block_is_clean(table):
                 for n in range(checks):
                     self._evaluate(first + n, [rows[n] for rows in blocks])
@@ -294,19 +378,27 @@ class CrossRankCheck:
                                 detail=detail)
 
     def _block_is_clean(self, table: np.ndarray) -> bool:
-        """Every must-match value equal on every rank, and no two ranks with the same
-        batch, at every check of the block (the fast path of compare())."""
+        """Every must-match value equal on every rank, every replica group in agreement,
+        and no two ranks of different data shards with the same batch, at every check of
+        the block (the fast path of compare_groups(); anything else goes the exact way)."""
         must = table[:, :, self._must_columns]
         if not (must == must[:1]).all():
             return False
+        for c in range(MAX_CLASSES):
+            base = 1 + len(FIELDS) + c * len(CLASS_FIELDS)
+            keys, values = table[:, :, base], table[:, :, base + 1 : base + len(CLASS_FIELDS)]
+            if (keys == keys[:1]).all():
+                if not (values == values[:1]).all():
+                    return False
+            elif not _groups_agree(keys, values):
+                return False
         data = np.sort(table[:, :, 1 + FIELDS.index("data_fp")], axis=0)
         return not ((data[1:] == data[:-1]) & (data[1:] != 0)).any()
 
     def _evaluate(self, index: int, rows: list[np.ndarray]) -> None:
-        width = len(FIELDS)
-        table = [[int(v) for v in row[1 : 1 + width]] for row in rows]
+        table = [[int(v) for v in row[1 : 1 + WIDTH]] for row in rows]
         step = table[self.rank][0]
-        what, ranks = compare(table, self.buffers_must_match)
+        what, ranks, groups = compare_groups(table, self.buffers_must_match)
         detail: dict[str, Any] = {f: [row[i] for row in table] for i, f in enumerate(FIELDS[:N_INT + 1])}
         detail["loss"] = [_bits_float(row[N_INT + 1]) for row in table]
         detail["grad_norm"] = [_bits_float(row[N_INT + 2]) for row in table]
@@ -316,9 +408,14 @@ class CrossRankCheck:
             return
         if unsynced:
             detail["buffers_differ_unsynced"] = True
+        layout = self.layout
+        if layout is not None and layout.sharded and groups:
+            detail["groups"] = [{**g, "dims": list(layout.classes[g["class"]]) if g["class"] < len(layout.classes)
+                                 else []} for g in groups[:16]]
         tensor = None
         if "param" in what:
-            tensor = self._first_tensor([row[1 + width :] for row in rows])
+            first = next((g for g in groups if "param" in g["what"]), None)
+            tensor = self._first_tensor([row[1 + WIDTH :] for row in rows], first)
         self.probe.writer.write("check", rank=self.rank, step=step, status="mismatch", what=what, ranks=ranks,
                                 tensor=tensor, detail=detail)
         verdict = {"index": index, "step": step, "what": what, "ranks": ranks, "tensor": tensor,
@@ -328,19 +425,28 @@ class CrossRankCheck:
             number = self.store.add("verdicts", 1)
             self.store.set(f"verdict/{number}", json.dumps(verdict))
 
-    def _first_tensor(self, per_group: list[np.ndarray]) -> str | None:
+    def _first_tensor(self, per_group: list[np.ndarray], group: dict[str, Any] | None = None) -> str | None:
         """The first parameter, in parameter order, whose fingerprint is not the same on
-        every rank; with more tensors than TENSOR_GROUPS, the first group that differs
-        (named by its first and last tensor)."""
+        every rank of the replica group that disagrees; with more tensors than
+        TENSOR_GROUPS, the first group of tensors that differs (named by its first and
+        last tensor). Under a mesh only the tensors of the group's placement class count:
+        the others are other shards by design."""
         names = [n for n, _ in self.probe._named_params]
-        groups = group_bounds(len(names))
-        if any(len(g) != len(groups) for g in per_group) or not groups:
+        bounds = group_bounds(len(names))
+        if any(len(g) != len(bounds) for g in per_group) or not bounds:
             return None  # ranks with other models: the config and counters say more than a name
-        table = np.stack(per_group)
-        hits = np.flatnonzero((table != table[0]).any(axis=0))
+        members = group["members"] if group else list(range(len(per_group)))
+        table = np.stack([per_group[r] for r in members])
+        differs = (table != table[0]).any(axis=0)
+        layout = self.layout
+        if layout is not None and layout.sharded and group is not None:
+            of_tensor = layout.of_tensor
+            same_class = [all(of_tensor[i] == group["class"] for i in range(a, b)) for a, b in bounds]
+            differs &= np.array(same_class, dtype=bool)
+        hits = np.flatnonzero(differs)
         if not hits.size:
             return None
-        start, end = groups[int(hits[0])]
+        start, end = bounds[int(hits[0])]
         return names[start] if end - start == 1 else f"{names[start]} .. {names[end - 1]}"
 
     def _poll_verdicts(self) -> None:

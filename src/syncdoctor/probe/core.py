@@ -38,6 +38,7 @@ from syncdoctor.probe.check import (
     groups_fingerprint,
 )
 from syncdoctor.probe.fingerprint import ViewCache, combine, fingerprints, ids_fingerprint
+from syncdoctor.probe.mesh import layout_of, local_shard
 from syncdoctor.probe.snapshot import build_snapshot
 from syncdoctor.records.constants import MAX_IDS, SCHEMA_VERSION
 from syncdoctor.records.writer import RecordWriter
@@ -129,7 +130,7 @@ class Probe:
         self._local_norm_handles: list[Any] = []
         self._buffer_fp: int | None = None
         self._acts: list[list[Any]] = []
-        self._last_tensor_fps: list[int] = []  # per parameter, at the last check: to name the first that differs
+        self.last_tensor_fps: list[int] = []  # per parameter, at the last check: to name the first that differs
         self._recent_losses: list[float | None] = [None] * LAST_LOSSES  # by step % LAST_LOSSES
         self.last_grad_norm: float | None = None
         self._measuring = True  # the first iteration is measured in full: step 1 is a check step
@@ -145,8 +146,12 @@ class Probe:
         # attach, or before the first update of a loop without DDP (auto.py binds there).
         # Taken at the first step's end it would already hold the first update, and a
         # hyperparameter differing on one rank would look like an unseeded init.
-        self._init_param_fp = self._guard(lambda: combine(fingerprints(p for _, p in self._named_params)))
+        self.layout = self._guard(layout_of, self._params, self.rank)
+        init_fps = self._guard(lambda: fingerprints(p for _, p in self._named_params)) or []
+        self._init_param_fp = combine(init_fps)
+        self._init_class_fps = self._per_class(init_fps)
         self._init_before_update = optimizer is None or not optimizer.state
+        self.opt_state_replicated = True
         self._guard(self._install_model_hooks)
         if optimizer is not None:
             self.bind_optimizer(optimizer)
@@ -175,6 +180,12 @@ class Probe:
             tensor_names=names, init_param_fp=self._init_param_fp,
         )
         snapshot["init_param_fp_before_update"] = self._init_before_update and self.opt_steps == 0
+        self.opt_state_replicated = type(optimizer).__name__ != "ZeroRedundancyOptimizer"  # ZeRO shards it
+        snapshot["optimizer"]["state_replicated"] = self.opt_state_replicated
+        if self.layout is not None and self.layout.sharded:
+            snapshot["replica"] = {"classes": [list(c) for c in self.layout.classes], "keys": self.layout.keys,
+                                   "data_key": self.layout.data_key, "mesh": self.layout.mesh,
+                                   "init_fps": self._init_class_fps}
         if self.init_param_fp_local is not None:
             snapshot["init_param_fp_local"] = self.init_param_fp_local
         self._config_fp = config_fingerprint(snapshot)
@@ -240,7 +251,8 @@ class Probe:
         if param.grad is not None and not self.disabled:
             try:
                 # A norm, not pow(2).sum(): no temporary the size of the gradient, no host sync.
-                self._local_norms[index] = torch.linalg.vector_norm(param.grad.detach())
+                # The shard this rank holds: a DTensor's own norm would be a collective.
+                self._local_norms[index] = torch.linalg.vector_norm(local_shard(param.grad).detach())
             except Exception:
                 pass
 
@@ -447,17 +459,28 @@ class Probe:
         out: dict[str, Any] = {}
         tensor_fps = fingerprints(params, cache=self._views, kind="param")
         out["param_fp"] = combine(tensor_fps)
+        replica = self._per_class(tensor_fps)
         out["buffer_fp"] = self._buffer_fp
         out["train_mode"] = self._train_mode()
         out["config_fp"] = self._config_fp ^ groups_fingerprint(self._group_hparams())
         if not self._detailed:
-            self._last_tensor_fps = tensor_fps
+            if replica is not None:
+                out["replica_fps"] = {"param": replica}
+            self.last_tensor_fps = tensor_fps
             return out
         grads = [p.grad for p in params]
-        present = [g for g in grads if g is not None]
+        present = [local_shard(g) for g in grads if g is not None]  # this rank's shards: no collective
         grad_fps = fingerprints(grads, cache=self._views, kind="grad")
         out["grad_fp"] = combine(grad_fps) if present else None
-        out["opt_fp"] = combine(fingerprints(self._optimizer_state(), cache=self._views, kind="opt"))
+        state, owner = self._optimizer_state()
+        opt_fps = fingerprints(state, cache=self._views, kind="opt")
+        out["opt_fp"] = combine(opt_fps)
+        if replica is not None:
+            by_param: list[list[int]] = [[] for _ in params]
+            for index, fp in zip(owner, opt_fps, strict=True):
+                by_param[index].append(fp)
+            out["replica_fps"] = {"param": replica, "grad": self._per_class(grad_fps),
+                                  "opt": self._per_class([combine(f) for f in by_param])}
         if present:
             out["grad_fp16"] = fp16_exact(present)
             norms = torch._foreach_norm(present)
@@ -473,7 +496,7 @@ class Probe:
                 out["reduce_ratio"] = out["grad_norm"] / local
         if self._acts:
             out["acts"] = self._acts
-        self._last_tensor_fps = tensor_fps
+        self.last_tensor_fps = tensor_fps
         return out
 
     def _group_hparams(self) -> list[dict[str, Any]]:
@@ -482,15 +505,26 @@ class Probe:
         return [{k: v for k, v in g.items() if k != "params" and isinstance(v, (int, float, str, bool))}
                 for g in self.optimizer.param_groups]
 
-    def _optimizer_state(self) -> list[torch.Tensor]:
+    def _optimizer_state(self) -> tuple[list[torch.Tensor], list[int]]:
+        """The optimizer's state tensors in parameter order, and the index of the
+        parameter each belongs to."""
         if self.optimizer is None:
-            return []
-        tensors = []
-        for _, p in self._named_params:
+            return [], []
+        tensors, owner = [], []
+        for i, p in enumerate(self._params):
             for value in self.optimizer.state.get(p, {}).values():
                 if isinstance(value, torch.Tensor):
                     tensors.append(value)
-        return tensors
+                    owner.append(i)
+        return tensors, owner
+
+    def _per_class(self, fps: list[int]) -> list[int] | None:
+        """Per-tensor fingerprints folded per placement class (probe/mesh.py); None
+        under plain data parallelism, where the whole-model fingerprint is the class."""
+        layout = self.layout
+        if layout is None or not layout.sharded:
+            return None
+        return [combine(values) for values in layout.per_class(fps)]
 
     def _train_mode(self) -> str:
         """"n/m" modules in train mode; when they are mixed, a hex bitmap of which."""

@@ -96,9 +96,12 @@ def fingerprints(tensors: Iterable[torch.Tensor | None], device_path: bool = Fal
     """Per-tensor fingerprints (0 for None). Accelerator tensors are reduced on their
     device and read back together: one host sync, not one per tensor. `device_path`
     sends CPU tensors that way too (tests, on machines without an accelerator)."""
+    from syncdoctor.probe.mesh import local_shard
+
     out: list[int] = []
     on_device: list[tuple[int, torch.Tensor]] = []
     for i, t in enumerate(tensors):
+        t = local_shard(t)  # a sharded tensor: the shard this rank holds
         if t is None:
             out.append(0)
         elif t.device.type == "cpu" and not device_path:

@@ -34,7 +34,7 @@ _FIELD_TYPES: dict[str, dict[str, type | tuple[type, ...]]] = {
                  "env": _DICT, "versions": _DICT, "code": _DICT, "rng": _DICT, "seed": _DICT,
                  "loss": _DICT, "optimizer": _DICT, "ddp": _DICT, "loader": _DICT,
                  "global_batch": int, "tensors": _LIST, "init_param_fp": int, "check_every": int,
-                 "baseline": _DICT},
+                 "baseline": _DICT, "replica": _DICT},
     "check": {"step": int, "status": _STR, "what": _LIST, "ranks": _LIST, "tensor": _STR,
               "detail": _DICT},
     "event": {"step": int, "t": _NUM, "event": _STR, "message": _STR},

@@ -41,6 +41,10 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
     "ids": pl.List(pl.Int64()),
     "tensor_norms": pl.List(pl.Float64()),
     "tensor_fps": pl.List(pl.Int64()),
+    # Sharded/hybrid data parallelism: per placement class (probe/mesh.py), the
+    # fingerprints of this rank's local shards; compared only within replica groups.
+    "replica_fps": pl.Struct({"param": pl.List(pl.Int64()), "opt": pl.List(pl.Int64()),
+                              "grad": pl.List(pl.Int64())}),
     # JSON has no NaN/inf: the writer stores such a value as null and names it here.
     "nonfinite": pl.Struct({"loss": pl.String(), "lr": pl.String()}),
 }

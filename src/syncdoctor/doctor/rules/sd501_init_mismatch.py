@@ -3,7 +3,7 @@ from __future__ import annotations
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule, fmt_ranks
-from syncdoctor.records.compare import agreement, describe_split
+from syncdoctor.records.compare import describe_split
 
 
 class InitMismatch(Rule):
@@ -33,18 +33,15 @@ class InitMismatch(Rule):
     def evaluate(self, ev: Evidence) -> Finding | None:
         evidence = []
         ranks: list[int] = []
-        # The initial fingerprint proves an init mismatch only when it was taken before
-        # any update (older records do not say: trusted as before).
-        before = {r: v for r, v in ev.snapshot_values("init_param_fp_before_update").items()}
-        init_values = {r: fp for r, fp in ev.snapshot_values("init_param_fp").items()
-                       if fp is not None and before.get(r) is not False}
-        init = init_values if len(set(init_values.values())) > 1 else None
-        if init:
-            split = agreement(init_values)
-            evidence.append(f"parameters differ before the first update: {len(set(init.values()))} distinct "
-                            f"initial weights across {len(init)} ranks (fingerprinted when the probe attached)")
-            ranks = split.odd
-        elif len(init_values) > 1 and len(init_values) == len(ev.snapshots):
+        initial = ev.initial_weights()
+        init = initial is not None and initial[1] > 1
+        if initial is not None and init:
+            odd, distinct, compared = initial
+            where = " within replica groups" if ev.replica else ""
+            evidence.append(f"parameters differ before the first update{where}: {distinct} distinct initial "
+                            f"weights across {compared} ranks (fingerprinted when the probe attached)")
+            ranks = odd
+        elif initial is not None and initial[2] == len(ev.snapshots):
             return None  # every rank started from the same weights: whatever parted came later
         div = ev.divergence
         first_step = int(ev.steps["step"].min()) if ev.has_records else None
