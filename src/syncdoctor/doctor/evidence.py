@@ -457,6 +457,16 @@ class Evidence:
         return dup["step"].n_unique() / max(1, n_steps), [list(g) for g, _ in groups.most_common(4)]
 
     @cached_property
+    def first_duplicate_step(self) -> int | None:
+        """The first step at which two ranks of different data shards read the same batch."""
+        fraction, groups = self.duplicate_batches
+        if not groups:
+            return None
+        rows = self.steps.filter(pl.col("data_fp").is_not_null() & pl.col("rank").is_in(groups[0]))
+        dup = rows.group_by("step", "data_fp").agg(pl.len().alias("n")).filter(pl.col("n") > 1)
+        return int(dup["step"].min()) if dup.height else None
+
+    @cached_property
     def epoch_steps(self) -> int | None:
         """Steps per epoch from the loader snapshot (dataset length / global batch)."""
         for snap in self.snapshots.values():

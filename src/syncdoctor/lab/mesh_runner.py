@@ -58,14 +58,41 @@ def run_mesh(style: str, fault: str, out: str | Path, *, steps: int = 40, onset:
     return MeshRun(style, fault, out, codes[0], timed_out, time.monotonic() - started)
 
 
+def matrix(out_root: Path, seeds: int = 3, steps: int = 40) -> list[dict[str, object]]:
+    """Every fault in every style it exists in, and the healthy runs over `seeds` seeds,
+    each diagnosed: the mesh's detection matrix."""
+    from syncdoctor.doctor.diagnose import diagnose
+
+    cases = [(style, "none", seed) for style in ("hsdp", "tp") for seed in range(seeds)]
+    cases += [(style, fault, 0) for fault, (styles, _, _) in MESH_FAULTS.items() if fault != "none" for style in styles]
+    rows = []
+    for style, fault, seed in cases:
+        run = run_mesh(style, fault, out_root / f"{style}-{fault}-s{seed}", steps=steps, seed=seed)
+        diag = diagnose([run.out])
+        top = diag.findings[0] if diag.findings else None
+        found = top.category if top and top.severity != "info" else "healthy"
+        correct = diag.verdict == "healthy" if fault == "none" else found == run.expected_category
+        rows.append({"style": style, "fault": fault, "seed": seed, "verdict": diag.verdict, "top": found,
+                     "rule": top.code if top else None, "ranks": top.ranks if top else [],
+                     "step": top.step if top else None, "tensor": top.tensor if top else None,
+                     "correct": correct, "seconds": round(run.duration_s)})
+        print(" | ".join(str(v) for v in rows[-1].values()), flush=True)
+    print(f"{sum(r['correct'] for r in rows)}/{len(rows)} correct")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="One mesh-lab run (4 processes on a 2x2 mesh) under syncdoctor run.")
     parser.add_argument("--style", choices=("hsdp", "tp"), default="hsdp", help="sharded data parallelism style")
     parser.add_argument("--fault", choices=sorted(MESH_FAULTS), default="none", help="the fault to inject")
-    parser.add_argument("--out", required=True, help="run folder to create")
+    parser.add_argument("--out", required=True, help="run folder to create (with --matrix: a folder of runs)")
     parser.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the run (default 0)")
+    parser.add_argument("--matrix", action="store_true", help="run every fault and 3 healthy seeds per style")
     args = parser.parse_args(argv)
+    if args.matrix:
+        rows = matrix(Path(args.out), steps=args.steps)
+        return 0 if all(r["correct"] for r in rows) else 1
     run = run_mesh(args.style, args.fault, args.out, steps=args.steps, seed=args.seed)
     print(f"{run.style} {run.fault}: exit {run.exit_code}, {run.duration_s:.0f} s; expect {run.expected_category}; "
           f"next: syncdoctor diagnose {run.out}")

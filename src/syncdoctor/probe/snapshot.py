@@ -141,12 +141,29 @@ def ddp_info(model: Any) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     if not isinstance(model, DDP):
-        return {"wrapper": type(model).__name__}
+        return {"wrapper": type(model).__name__, **_fully_shard_info(model)}
     return {"wrapper": "DistributedDataParallel",
             "broadcast_buffers": getattr(model, "broadcast_buffers", None),
             "find_unused_parameters": getattr(model, "find_unused_parameters", None),
             "gradient_as_bucket_view": getattr(model, "gradient_as_bucket_view", None),
             "bucket_cap_mb": getattr(model, "bucket_bytes_cap", 0) / 2**20 or None}
+
+
+def _fully_shard_info(model: Any) -> dict[str, Any]:
+    """FSDP2 settings that must agree on every rank: the mixed-precision policy of
+    every sharded module (a reduce dtype set on one rank only is a silent bug)."""
+    policies = []
+    for module in model.modules() if hasattr(model, "modules") else []:
+        state = getattr(module, "_get_fsdp_state", None)
+        if not callable(state):
+            continue
+        policy = getattr(state(), "_mp_policy", None)
+        if policy is not None:
+            policies.append({k: str(getattr(policy, k, None)) for k in ("param_dtype", "reduce_dtype", "output_dtype")})
+    if not policies:
+        return {}
+    distinct = sorted({tuple(sorted(p.items())) for p in policies})
+    return {"fully_shard": True, "mp_policies": [dict(p) for p in distinct]}
 
 
 def build_snapshot(*, rank: int, world_size: int, model: Any, optimizer: Any, loss_fn: Any,

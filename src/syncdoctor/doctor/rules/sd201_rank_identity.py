@@ -63,7 +63,12 @@ class DuplicateRankIdentity(Rule):
             group = partial[0] if partial else groups[0]
             evidence.append(f"{fmt_ranks(group)} consumed identical batches at {fraction:.0%} of steps")
             ranks.update(group)
-            confidence = max(confidence, 0.8 if partial else 0.6)
+            if not confidence and identities_distinct(ev):
+                # Every process knows its own rank: the shard assignment, not a copied id.
+                evidence.append("yet every rank's RANK is distinct: no process took another's id")
+                confidence = 0.5
+            else:
+                confidence = max(confidence, 0.8 if partial else 0.6)
         if not ev.has_records:
             for group in ev.same_data_groups:
                 evidence.append(f"{fmt_ranks(group)}: per-step losses move together far beyond chance "
@@ -75,3 +80,14 @@ class DuplicateRankIdentity(Rule):
         if not confidence:
             return None
         return self.found(confidence, evidence, ranks=sorted(ranks))
+
+
+def identities_distinct(ev: Evidence) -> bool:
+    """Whether every rank recorded a rank variable and no two share it."""
+    for var, per_host in _IDENTITY_VARS:
+        if per_host:
+            continue
+        values = [(snap.get("env") or {}).get(var) for snap in ev.snapshots.values()]
+        if len(values) > 1 and None not in values and len(set(values)) == len(values):
+            return True
+    return False

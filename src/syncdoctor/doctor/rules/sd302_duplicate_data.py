@@ -32,8 +32,10 @@ class UnshardedData(Rule):
         world = ev.world_size or 0
         replicas = {(info or {}).get("num_replicas") for info in ev.snapshot_values("loader").values()}
         if ev.has_records:
-            if fraction < 0.5 or not groups or len(groups[0]) < world:
+            if fraction < 0.5 or not groups:
                 return None
+            if len(groups[0]) < world:
+                return self._shards_shared(ev, fraction, groups)
             evidence = [f"all {world} ranks consumed identical batches at {fraction:.0%} of steps"]
             if replicas <= {1, None}:
                 evidence.append("the loader reports no sharding (num_replicas=1)")
@@ -45,3 +47,27 @@ class UnshardedData(Rule):
                               [f"the per-step losses of all {world} ranks move together far beyond chance: "
                                "every rank reads the same batches"], ranks=whole[0])
         return None
+
+    def _shards_shared(self, ev: Evidence, fraction: float, groups: list[list[int]]) -> Finding | None:
+        """Groups of ranks (not all) read the same batches while each knows its own rank:
+        the shard assignment maps several ranks to one shard (a replica group reading
+        another group's shard, a shard index taken from the wrong mesh dimension)."""
+        from syncdoctor.doctor.rules.sd201_rank_identity import identities_distinct
+
+        shard_ids = [(info or {}).get("rank") for info in ev.snapshot_values("loader").values()]
+        known = [s for s in shard_ids if s is not None]
+        if len(set(known)) < len(known) or not identities_distinct(ev):
+            return None  # a copied rank id explains it: SD201
+        shown = "; ".join(", ".join(map(str, g)) for g in groups[:4])
+        evidence = [f"groups of ranks consumed identical batches at {fraction:.0%} of steps: {shown}",
+                    "every rank's RANK is distinct: the data shard each rank reads is computed wrong "
+                    "(several ranks map to one shard, others are never read)"]
+        if ev.mesh:
+            from syncdoctor.probe.mesh import coordinate_of
+
+            coords = [coordinate_of(r, ev.mesh) for r in groups[0]]
+            apart = [d for d in ev.mesh["dim_names"] if len({c.get(d) for c in coords}) > 1]
+            if apart:
+                evidence.insert(0, f"ranks that differ only in mesh dimension {', '.join(apart)} read the same "
+                                   f"batches, though that dimension shards the data")
+        return self.found(0.75, evidence, ranks=sorted({r for g in groups for r in g}), step=ev.first_duplicate_step)
