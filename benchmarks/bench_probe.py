@@ -29,6 +29,7 @@ scalars.)
 
     python benchmarks/bench_probe.py            # full: CNN and MLP, ~12 min
     python benchmarks/bench_probe.py --quick    # CI-sized
+    python benchmarks/bench_probe.py --models fsdp,mlp   # the MLP under FSDP2 beside DDP
 """
 
 from __future__ import annotations
@@ -109,12 +110,17 @@ def worker(args: argparse.Namespace) -> None:
     torch.manual_seed(0)  # the same initial weights everywhere; the batches differ by rank below
     if args.model == "cnn":
         base, batch = ResNetSmall(), (torch.randn(args.batch, 3, 32, 32), torch.randint(0, 10, (args.batch,)))
-    else:
+    else:  # mlp, or fsdp: the same MLP sharded by FSDP2 (its parameters are DTensors)
         base, batch = mlp(), (torch.randn(args.batch, 256), torch.randint(0, 10, (args.batch,)))
     peak = PeakProbe()
     torch.manual_seed(100 + rank)
     batch = tuple(torch.randn_like(t) if t.is_floating_point() else torch.randint_like(t, 10) for t in batch)
-    model = DDP(base)
+    if args.model == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        model = fully_shard(base)  # a 1-D mesh over both ranks: each holds half of every tensor
+    else:
+        model = DDP(base)
     optimizer = torch.optim.SGD(base.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     run_dir = Path(args.tmp)
@@ -282,7 +288,8 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-TARGETS = {"cnn": {"default": 1.003, "every": 1.01}, "mlp": {"default": 1.02, "every": 1.10}}
+TARGETS = {"cnn": {"default": 1.003, "every": 1.01}, "mlp": {"default": 1.02, "every": 1.10},
+           "fsdp": {"default": 1.02, "every": 1.10}}  # the MLP's targets, sharded
 
 
 def main() -> None:
@@ -307,7 +314,8 @@ def main() -> None:
     # seconds, and fast alternation cancels the drift. Each segment holds whole blocks of checks.
     # As many segments as the time allows: the noise is per segment (above).
     plans = {"cnn": {"steps": 50, "warmup": 3, "batch": 16, "rounds": 8},
-             "mlp": {"steps": 200, "warmup": 50, "batch": 64, "rounds": 75}}
+             "mlp": {"steps": 200, "warmup": 50, "batch": 64, "rounds": 75},
+             "fsdp": {"steps": 200, "warmup": 50, "batch": 64, "rounds": 30}}
     summaries = []
     for model in args.models.split(","):
         plan = plans[model]

@@ -141,7 +141,9 @@ else:
     fully_shard(model, mesh=mesh)  # 2-D mesh: replicate over dim 0, shard over dim 1 (HSDP)
 lr = 1e-2 * (2 if args.fault == "lr-mismatch" and rank == 3 else 1)
 optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-torch.manual_seed(args.seed + 1000 * rank)  # dropout masks differ per rank, as they do on real jobs
+# Dropout masks differ per data shard, as on real jobs; tensor-parallel peers compute one
+# replicated activation and must draw the same mask (Megatron's model-parallel RNG tracker).
+torch.manual_seed(args.seed + 1000 * data_shard)
 print(f"rank {rank} mesh {names} coordinate ({row}, {col}) data shard {data_shard}/{n_data_shards}", flush=True)
 
 # -----------------------------------------------------------------------------
