@@ -331,6 +331,14 @@ class Evidence:
                             schema={"rank": pl.Int64, "class": pl.Int64, "key": pl.Int64}, orient="row")
         return values.join(keys, on=["rank", "class"])
 
+    def agree_after(self, kind: str, step: int) -> bool | None:
+        """Whether `kind` (grad, opt) agreed within every replica group where it was
+        first measured at or after `step`; None when it was not measured since."""
+        first = self._first_measured(kind, step)
+        if first is None:
+            return None
+        return self._first_disagreement(kind, first, first) is None
+
     def _first_measured(self, kind: str, step: int) -> int | None:
         frame = self._long_fps(kind)
         later = frame.filter(pl.col("step") >= step) if frame.height else frame

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.evidence import Divergence, Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule, fmt_ranks
 
@@ -32,10 +32,12 @@ class IncompleteReduce(Rule):
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         div = ev.divergence
-        if div is None or "grad" not in div.what or "counter" in div.what or "mode" in div.what:
+        if div is None or "counter" in div.what or "mode" in div.what:
             return None
         if ev.overflow_disagreement:
             return None  # a rank zeroed its overflowed gradients: the overflow rule owns it
+        if "grad" not in div.what:
+            return self._unmeasured(ev, div)
         evidence = [f"reduced gradients differ across ranks from step {div.step} on {fmt_ranks(div.ranks)} "
                     "while step counters agree"]
         if div.tensor:
@@ -51,3 +53,20 @@ class IncompleteReduce(Rule):
         # evidence that names it even where no majority could (two ranks).
         ranks = [r for r in ev.unreduced_ranks if r in div.ranks] or div.ranks
         return self.found(0.9, evidence, ranks=ranks, step=div.step, tensor=div.tensor)
+
+    def _unmeasured(self, ev: Evidence, div: Divergence) -> Finding | None:
+        """Parameters part later in the run with counters, modes and configuration in
+        agreement, and the reduced gradients not fingerprinted since: a gradient that
+        skipped its reduction is the likeliest cause, though not shown."""
+        first_step = int(ev.steps["step"].min()) if ev.has_records else None
+        if ("param" not in div.what or div.step == first_step or ev.agree_after("grad", div.step) is not None
+                or ev.differing("optimizer", "param_groups") or ev.differing("loss", "params")):
+            return None
+        evidence = [f"parameters part at step {div.step} on {fmt_ranks(div.ranks)} while step counters, modes "
+                    "and the optimizer/loss configuration agree",
+                    "the reduced gradients were not fingerprinted after that step (detailed checks are rarer); "
+                    "a gradient that skipped its reduction is the likeliest cause; `--check-every 1` or a longer "
+                    "run shows it"]
+        if div.tensor:
+            evidence.append(f"first differing tensor: {div.tensor}")
+        return self.found(0.6, evidence, ranks=div.ranks, step=div.step, tensor=div.tensor)

@@ -42,8 +42,10 @@ class OptimizerStateMismatch(Rule):
                             + "; ".join(hyperparameter_differences(groups)))
         div = ev.divergence
         first_step = int(ev.steps["step"].min()) if ev.has_records else None
+        # "The gradients agree" only where they were measured after the parting.
         state_only = (div is not None and {"param", "opt"} & set(div.what)
-                      and not ({"grad", "counter", "mode", "buffer"} & set(div.what)) and div.step != first_step)
+                      and not ({"grad", "counter", "mode", "buffer"} & set(div.what)) and div.step != first_step
+                      and ev.agree_after("grad", div.step) is True)
         if state_only:
             evidence.append(f"parameters and optimizer state part at step {div.step} while the reduced "
                             "gradients and step counters stay identical")
