@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 FAULTS = {
@@ -37,6 +37,7 @@ FAULTS = {
     "lr-mismatch": "rank 3 builds its optimizer with twice the learning rate",
     "mode-mismatch": "rank 1 trains in eval mode (dropout off)",
     "sp-norm-unreduced": "the sequence-parallel LayerNorm gradients are not summed over tp (tp)",
+    "mp-mismatch": "rank 1 reduces gradients in bfloat16, the others in float32 (hsdp)",
 }
 
 p = argparse.ArgumentParser()
@@ -138,7 +139,9 @@ if args.style == "tp":
     parallelize_module(model, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
     fully_shard(model, mesh=mesh["dp"])
 else:
-    fully_shard(model, mesh=mesh)  # 2-D mesh: replicate over dim 0, shard over dim 1 (HSDP)
+    reduce_dtype = torch.bfloat16 if args.fault == "mp-mismatch" and rank == 1 else torch.float32
+    policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    fully_shard(model, mesh=mesh, mp_policy=policy)  # 2-D mesh: replicate over dim 0, shard over dim 1 (HSDP)
 lr = 1e-2 * (2 if args.fault == "lr-mismatch" and rank == 3 else 1)
 optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
 # Dropout masks differ per data shard, as on real jobs; tensor-parallel peers compute one
