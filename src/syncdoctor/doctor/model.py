@@ -32,6 +32,7 @@ CATEGORIES = (
     "numeric.overflow",
     "comm.fault",
     "process.crash",
+    "hardware.corruption",
 )
 
 

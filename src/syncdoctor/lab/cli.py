@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--no-probe", action="store_true", help="run without the probe (logs only)")
     run.add_argument("--check-every", type=int, default=LAB_CHECK_EVERY,
                      help=f"the probe's check interval K (default {LAB_CHECK_EVERY})")
+    run.add_argument("--on-mismatch", choices=("warn", "dump", "raise", "heal"), help="the probe's action on a mismatch")
     run.set_defaults(func=cmd_run)
 
     matrix = lab_sub.add_parser("matrix", help="every fault through lab, probe and doctor: the detection matrix")
@@ -86,7 +87,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         result = run_lab(args.fault, variant=args.variant, world_size=args.world_size, steps=args.steps,
                          onset=args.onset, seed=args.seed, out=args.out, framework=args.framework,
-                         probe=not args.no_probe, check_every=args.check_every, pg_timeout_s=args.pg_timeout)
+                         probe=not args.no_probe, check_every=args.check_every, pg_timeout_s=args.pg_timeout,
+                         on_mismatch=args.on_mismatch)
     except ValueError as exc:
         raise InputError(str(exc)) from exc
     fault = FAULTS[args.fault]

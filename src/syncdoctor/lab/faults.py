@@ -366,13 +366,39 @@ class CommTimeout(Fault):
             plan.stall_at = plan.onset
 
 
+class BitFlip(Fault):
+    name = "bit-flip"
+    description = ("silent hardware corruption: one bit of one float32 value flips on one rank — in a parameter, "
+                   "in the reduced gradient after the all-reduce, or in the optimizer's momentum — once at the "
+                   "onset, or sporadically from there")
+    symptom = "no error anywhere; one replica parts from the others (a failing chip or memory cell)"
+    category = "hardware.corruption"
+    measured = "not measured yet"
+    # (target, bit, repeat every N steps): bit 22 is the top mantissa bit (the value moves by up to
+    # half), bit 30 the top exponent bit (a weight of 0.05 becomes ~1e37), bit 0 the lowest.
+    VARIANTS: ClassVar[dict[str, tuple[str, int, int]]] = {
+        "param": ("param", 22, 0), "param_low": ("param", 0, 0), "param_exponent": ("param", 30, 0),
+        "grad": ("grad", 22, 0), "opt": ("opt", 22, 0), "sporadic": ("param", 22, 50),
+    }
+    variants = tuple(VARIANTS)
+
+    @staticmethod
+    def bad_rank(world_size: int) -> int:
+        return world_size // 2  # rank 2 of 4, rank 1 of 2
+
+    def apply(self, plan: RankPlan, variant: str) -> None:
+        if plan.rank == self.bad_rank(plan.world_size):
+            plan.bitflip, plan.bitflip_bit, plan.bitflip_every = self.VARIANTS[variant or "param"]
+            plan.bitflip_at = plan.onset
+
+
 FAULTS: dict[str, Fault] = {
     f.name: f()
     for f in (
         Clean, UnseededShuffle, ShuffleAfterShard, ShardOverlap, UnevenShards, DuplicateRankId,
         DroppedRank, GradAccumMisaligned, SkippedStep, ExtraStep, LossHparamMismatch, GradSum,
         OptimizerStateMismatch, InitMismatch, ModeMismatch, BufferDivergence, Fp16Overflow,
-        LrNotScaled, LrTooHigh, RankCrash, CommTimeout,
+        LrNotScaled, LrTooHigh, RankCrash, CommTimeout, BitFlip,
     )
 }
 

@@ -59,6 +59,13 @@ class RankPlan:
     crash_at: int | None = None  # this rank dies out of memory at this step
     stall_at: int | None = None  # this rank stops answering at this step
     pg_timeout_s: float = 20.0
+    # silent hardware corruption: one bit of one float32 value flips on this rank
+    bitflip: str = ""  # "" | "param" | "grad" (reduced, after the all-reduce) | "opt" (momentum buffer)
+    bitflip_at: int | None = None  # the first step it happens
+    bitflip_every: int = 0  # then again every this many steps (0: once)
+    bitflip_bit: int = 22  # 0-22 mantissa (22: the value moves by up to half), 23-30 exponent, 31 sign
+    bitflip_tensor: str = "fc1.weight"
+    bitflip_index: int = 0  # which element of the tensor
     extra: dict[str, Any] = field(default_factory=dict)
 
     def extra_update_now(self, next_step: int) -> bool:
@@ -71,6 +78,12 @@ class RankPlan:
         if self.extra_micro == "no_sync" and next_step >= self.extra_micro_at:
             return self.accum_steps + 1  # the fault: one more local micro-step in every cycle
         return self.accum_steps
+
+    def bitflip_now(self, step: int, target: str) -> bool:
+        """Whether `target` ("param", "grad", "opt") of this rank gets its bit flipped at `step`."""
+        if self.bitflip != target or self.bitflip_at is None or step < self.bitflip_at:
+            return False
+        return step == self.bitflip_at or (self.bitflip_every > 0 and (step - self.bitflip_at) % self.bitflip_every == 0)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

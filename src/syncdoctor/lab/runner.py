@@ -51,7 +51,8 @@ LAB_CHECK_EVERY = 10
 
 def run_lab(fault: str, *, variant: str = "", world_size: int = 2, steps: int = 150, onset: int = 40,
             seed: int = 0, out: str | Path | None = None, framework: str = "torch", probe: bool = True,
-            check_every: int = LAB_CHECK_EVERY, pg_timeout_s: float = 20.0) -> LabResult:
+            check_every: int = LAB_CHECK_EVERY, pg_timeout_s: float = 20.0,
+            on_mismatch: str | None = None) -> LabResult:
     if fault not in FAULTS:
         raise KeyError(fault)
     spec = FAULTS[fault]
@@ -67,7 +68,7 @@ def run_lab(fault: str, *, variant: str = "", world_size: int = 2, steps: int = 
     plans = plans_for(fault, variant, world_size, steps=steps, onset=onset, seed=seed,
                       pg_timeout_s=pg_timeout_s)
     for plan in plans:
-        plan.extra.update({"probe": probe, "check_every": check_every})
+        plan.extra.update({"probe": probe, "check_every": check_every, "on_mismatch": on_mismatch})
         (out / "plans" / f"plan{plan.rank}.json").write_text(json.dumps(plan.to_json(), indent=1))
     timeout_s = STARTUP_BUDGET_S + 3 * pg_timeout_s + steps * 0.5 * world_size
     t0 = time.monotonic()

@@ -200,7 +200,16 @@ probe = syncdoctor.attach(
     enabled=plan.extra.get("probe", True),
     check_every=plan.extra.get("check_every"),
     check_timeout_s=plan.pg_timeout_s,
+    on_mismatch=plan.extra.get("on_mismatch"),
 )
+
+
+def flip_bit(tensor: torch.Tensor) -> None:
+    """Silent data corruption, as a failing chip or memory cell does it: one bit of one
+    float32 value flips, on this rank only, and nothing raises."""
+    bits = tensor.detach().view(-1)[plan.bitflip_index : plan.bitflip_index + 1].view(torch.int32)
+    bits.bitwise_xor_(1 << plan.bitflip_bit if plan.bitflip_bit < 31 else -(1 << 31))
+
 
 # -----------------------------------------------------------------------------
 # training
@@ -239,6 +248,13 @@ def update() -> float:
     elif plan.skip_step_at == step + 1:
         pass  # the fault: this rank forgets one update
     else:
+        flipped = dict(raw_model.named_parameters())[plan.bitflip_tensor]
+        if plan.bitflip_now(step + 1, "param"):
+            flip_bit(flipped)
+        if plan.bitflip_now(step + 1, "grad"):
+            flip_bit(flipped.grad)  # the reduced gradient, after the all-reduce
+        if plan.bitflip_now(step + 1, "opt") and "momentum_buffer" in optimizer.state[flipped]:
+            flip_bit(optimizer.state[flipped]["momentum_buffer"])
         optimizer.step()
         if plan.extra_step_at == step + 1:
             optimizer.step()  # the fault: this rank applies the same update twice

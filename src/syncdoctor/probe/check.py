@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch.distributed as dist
 
+from syncdoctor.probe.heal import Healer, block_for
 from syncdoctor.probe.mesh import MAX_CLASSES
 from syncdoctor.records.compare import majority_outliers
 
@@ -230,6 +231,10 @@ class CrossRankCheck:
         # the verdict comes later.
         self.block = max(1, min(math.ceil(READ_EVERY_STEPS / probe.check_every), MAX_BLOCK,
                                 MAX_ROWS_PER_READ // self.world_size))
+        self.healer: Healer | None = None
+        if probe.on_mismatch == "heal":  # verdicts sooner: the corrupted copy trains on until healed
+            self.block = min(self.block, block_for(probe.check_every))
+            self.healer = Healer(self)
         self.lag = max(1, math.ceil(MIN_SLACK_STEPS / probe.check_every))
         self.ring = 3 + math.ceil(self.lag / self.block)  # store slots per rank, reused in turn
         self.everyone_reads = probe.on_mismatch == "raise"
@@ -273,6 +278,8 @@ class CrossRankCheck:
             if len(self.rows) == self.block:
                 self._post()
             self._read_due(self.count - self.lag)
+            if self.healer is not None and self.world_size > 2:
+                self.healer.at_check(record["step"])
             if not self.everyone_reads and time.monotonic() - self.polled_at >= VERDICT_POLL_S:
                 self._poll_verdicts()
         except Exception as exc:  # the store is gone (its host died) or does not answer
@@ -363,6 +370,8 @@ class CrossRankCheck:
             if not self._block_is_clean(table):
                 for n in range(checks):
                     self._evaluate(first + n, [rows[n] for rows in blocks])
+                if self.healer is not None:
+                    self.healer.after_block(first, blocks)
                 continue
             # The usual case, in one record: every check of the block agreed.
             steps = table[self.rank, :, 1 + FIELDS.index("step")]

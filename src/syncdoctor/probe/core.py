@@ -87,8 +87,8 @@ class Probe:
         baseline: dict[str, Any] | None = None,
     ) -> None:
         on_mismatch = on_mismatch or os.environ.get("SYNCDOCTOR_ON_MISMATCH") or "warn"
-        if on_mismatch not in ("warn", "dump", "raise"):
-            raise ValueError("on_mismatch must be 'warn', 'dump' or 'raise'")
+        if on_mismatch not in ("warn", "dump", "raise", "heal"):
+            raise ValueError("on_mismatch must be 'warn', 'dump', 'raise' or 'heal'")
         self.run_dir = Path(run_dir or os.environ.get("SYNCDOCTOR_RUN_DIR", DEFAULT_RUN_DIR))
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else int(os.environ.get("RANK", 0))

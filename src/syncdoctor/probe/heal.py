@@ -1,0 +1,270 @@
+"""Healing a replica that silent corruption changed (on_mismatch="heal", opt-in).
+
+Data parallelism keeps one copy of the model per rank, and healthy copies are
+bitwise equal. When one rank's copy parts from the others while everything that a
+bug would change agrees — step counters, the optimizer/loss configuration, train/eval
+modes, the data — and the copies agreed at the check before, the likeliest cause is
+a flipped bit on that rank's chip. With three or more ranks a strict majority says
+which copy is the odd one; this module then restores it from a majority rank:
+parameters, buffers and optimizer state, over the job's own process group.
+
+It never heals what looks like a bug: a counter, configuration, mode or data
+difference, replicas that differed from the first check (initialisation), a rank
+that parts again at once after a heal (a persistent fault), two ranks or a split
+without a majority. Those stay what on_mismatch="warn" makes them: a line and a
+record, and the refusal is recorded with its reason.
+
+Protocol. Checks are compared by one rank at a time, through the job's c10d store,
+without collectives (check.py), so a verdict reaches the other ranks at different
+moments. A heal is a collective: every rank must take part at the same step or the
+job hangs. So:
+
+1. The reader that finds the onset publishes a plan in the store: heal at check
+   step S, the second check step after its current step, from rank `source`.
+2. Every rank asks the store at each of its check steps whether a plan is new (one
+   round trip per check, only under "heal"). Data-parallel ranks run in lockstep —
+   each step holds a collective the reader takes part in after publishing — so every
+   rank has seen the plan at the check step between publication and S.
+3. At S every rank that knows the plan counts itself in. The one that completes
+   the count writes "go" with compare_set; a rank that waits longer than
+   HEAL_WAIT_S writes "abort" the same way. compare_set keeps the first value
+   written, so every rank reads the same decision: all broadcast, or none does. A
+   rank that never learned of the plan only delays the others by HEAL_WAIT_S.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from syncdoctor.records.compare import agreement
+
+if TYPE_CHECKING:
+    from syncdoctor.probe.check import CrossRankCheck
+
+# Under "heal" a block of checks is read at least this often (steps), so that a
+# corrupted copy trains on for tens of steps, not hundreds: one store write per rank
+# and block, still no per-step work.
+HEAL_READ_EVERY_STEPS = 20
+HEAL_WAIT_S = 30.0  # the longest the ranks wait for each other at the heal step
+POLL_S = 0.002
+BUCKET_BYTES = 32 << 20  # tensors travel flattened in buckets of about this size
+HEALABLE = {"param", "opt", "grad", "buffer"}  # what corruption changes; anything else is a bug's mark
+STATE_FIELDS = ("param_fp", "opt_fp", "grad_fp", "buffer_fp")
+
+
+def block_for(check_every: int) -> int:
+    """Checks per block under "heal"."""
+    return max(1, math.ceil(HEAL_READ_EVERY_STEPS / check_every))
+
+
+class Healer:
+    """One rank's part in healing; created by CrossRankCheck under on_mismatch="heal"."""
+
+    def __init__(self, checker: CrossRankCheck) -> None:
+        self.checker = checker
+        self.probe = checker.probe
+        self.store = checker.store
+        self.world_size = checker.world_size
+        self.seen = 0  # plans read from the store
+        self.plan: dict[str, Any] | None = None  # the plan this rank will act on
+        self.healed_through = 0  # checks at or before this step predate the last heal
+        self.refusals: set[str] = set()
+        self.host = socket.gethostname()
+
+    # ------------------------------------------------------------------ the reader's side
+    def after_block(self, first: int, blocks: list[np.ndarray]) -> None:
+        """A block with a mismatch was read: find an onset (a check that differs where
+        the one before agreed) and decide whether it is healable."""
+        from syncdoctor.probe.check import FIELDS, compare
+
+        checks = min(len(rows) for rows in blocks)
+        agreed_before: bool | None = None
+        for n in range(checks):
+            table = [[int(v) for v in rows[n][1 : 1 + len(FIELDS)]] for rows in blocks]
+            what, _ = compare(table, self.checker.buffers_must_match)
+            if not what:
+                agreed_before = True
+                continue
+            if agreed_before is None:
+                agreed_before = self._previous_check_agreed(first)
+            step = table[self.checker.rank][FIELDS.index("step")]
+            if agreed_before and step > self.healed_through:
+                self._consider(first + n, step, table, what)
+            elif first + n == 1:
+                self._refuse("the replicas differ from the first check: initialisation or set-up, "
+                             "not corruption", step, what)
+            elif self.healed_through and step > self.healed_through and not agreed_before:
+                self._refuse("the replicas part again right after a heal: a persistent fault, not a "
+                             "transient corruption", step, what)
+            agreed_before = False
+
+    def _previous_check_agreed(self, first: int) -> bool:
+        """Whether every rank agreed at check `first - 1`, the last of the previous
+        block (still in the store's ring of slots)."""
+        from syncdoctor.probe.check import _rows
+
+        if first <= 1:
+            return False
+        number = (first - 2) // self.checker.block + 1
+        keys = [self.checker._key(number, r) for r in range(self.world_size)]
+        if not self.store.check(keys):
+            return False
+        blocks = [_rows(v) for v in self.store.multi_get(keys)]
+        columns = self.checker._must_columns
+        last: list[list[int]] = []
+        for rows in blocks:
+            at = np.flatnonzero(rows[:, 0] == first - 1) if len(rows) else []
+            if not len(at):
+                return False  # the slot was reused: unknown, so not healable
+            last.append([int(rows[at[0], c]) for c in columns])
+        return all(row == last[0] for row in last)
+
+    def _consider(self, index: int, step: int, table: list[list[int]], what: list[str]) -> None:
+        from syncdoctor.probe.check import FIELDS
+
+        bug = [w for w in what if w not in HEALABLE]
+        if bug:
+            self._refuse(f"{', '.join(bug)} differ(s) too: the mark of a bug, not of corruption", step, what)
+            return
+        if self.world_size < 3:
+            self._refuse("two replicas: nothing says which one is corrupted (a third replica or a "
+                         "recomputation of the step would)", step, what)
+            return
+        columns = [FIELDS.index(f) for f in STATE_FIELDS]
+        split = agreement({r: tuple(row[c] for c in columns) for r, row in enumerate(table)})
+        if not split.has_majority or not split.odd:
+            self._refuse("no strict majority of replicas agrees", step, what)
+            return
+        if self.plan is not None:
+            return  # a heal is under way: this mismatch predates it
+        now = self.probe.step
+        every = self.probe.check_every
+        # Counted first (the answer is awaited), written next: a rank that sees the count
+        # before the plan arrives waits for it in get().
+        self.seen = self.store.add("heal/plans", 1)
+        plan = {"id": self.seen, "published_at": now, "step": every * (now // every + 2),
+                "source": split.majority[0], "odd": split.odd, "check": index, "check_step": step,
+                "what": what, "reader": self.checker.rank}
+        self.store.set(f"heal/{self.seen}", json.dumps(plan))
+        self.plan = plan
+
+    def _refuse(self, reason: str, step: int, what: list[str]) -> None:
+        if reason in self.refusals:
+            return
+        self.refusals.add(reason)
+        print(f"syncdoctor: rank {self.checker.rank}: mismatch at step {step} not healed: {reason}",
+              file=sys.stderr, flush=True)
+        self.probe.writer.write("event", rank=self.checker.rank, t=time.time(), step=self.probe.step,
+                                event="heal", message=f"not healed: {reason}",
+                                heal={"status": "refused", "check_step": step, "what": what, "reason": reason})
+
+    # ------------------------------------------------------------------ every rank
+    def at_check(self, step: int) -> None:
+        """At each check step: learn of a new plan; at its step, meet the others and heal."""
+        plans = self.store.add("heal/plans", 0)
+        if plans > self.seen:
+            self.seen = plans
+            plan = json.loads(self.store.get(f"heal/{plans}"))
+            self.plan = plan if step < plan["step"] else None
+        if self.plan is None:
+            return
+        if step > self.plan["step"]:
+            self.plan = None  # missed (a rank ahead of its peers): the others abort after HEAL_WAIT_S
+        elif step == self.plan["step"]:
+            plan, self.plan = self.plan, None
+            self.healed_through = step
+            self._meet_and_heal(plan, step)
+
+    def _meet_and_heal(self, plan: dict[str, Any], step: int) -> None:
+        state_key = f"heal/{plan['id']}/state"
+        if self.store.add(f"heal/{plan['id']}/arrived", 1) == self.world_size:
+            self.store.compare_set(state_key, "", "go")
+        deadline = time.monotonic() + HEAL_WAIT_S
+        while not self.store.check([state_key]):
+            if time.monotonic() > deadline:
+                self.store.compare_set(state_key, "", "abort")
+                break
+            time.sleep(POLL_S)
+        decision = self.store.get(state_key).decode()
+        rank = self.checker.rank
+        info = {k: plan[k] for k in ("id", "source", "odd", "check_step", "what")}
+        if decision != "go":
+            message = f"heal of rank(s) {plan['odd']} aborted: not every rank reached step {step} in time"
+            print(f"syncdoctor: rank {rank}: {message}", file=sys.stderr, flush=True)
+            self.probe.writer.write("event", rank=rank, t=time.time(), step=step, event="heal", message=message,
+                                    heal={**info, "status": "aborted"})
+            return
+        t0 = time.perf_counter()
+        sent = restore_from(plan["source"], self.probe.module, self.probe.optimizer, self.probe._named_params)
+        seconds = time.perf_counter() - t0
+        host = self.host
+        message = (f"healed rank(s) {plan['odd']} from rank {plan['source']} at step {step} "
+                   f"(copies parted at the check of step {plan['check_step']}: {', '.join(plan['what'])}); "
+                   f"{sent} bytes in {seconds * 1e3:.1f} ms")
+        if rank in plan["odd"] or rank == 0:
+            print(f"syncdoctor: rank {rank} ({host}): {message}", file=sys.stderr, flush=True)
+        self.probe.writer.write("event", rank=rank, t=time.time(), step=step, event="heal", message=message,
+                                heal={**info, "status": "healed", "bytes": sent, "seconds": round(seconds, 6),
+                                      "host": host})
+
+
+def state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                  named_params: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """Everything a replica holds, in an order every rank agrees on: parameters,
+    buffers, then the optimizer state of each parameter (keys sorted)."""
+    tensors = [p.detach() for p in module.parameters()]
+    tensors += [b for b in module.buffers()]
+    if optimizer is not None:
+        for _, p in named_params:
+            state = optimizer.state.get(p, {})
+            tensors += [state[k] for k in sorted(state, key=str) if isinstance(state[k], torch.Tensor)]
+    return tensors
+
+
+@torch.no_grad()
+def restore_from(source: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 named_params: list[tuple[str, torch.Tensor]], group: Any = None) -> int:
+    """Broadcast every tensor of the replica from rank `source` (every rank calls
+    this at the same point); returns the bytes broadcast."""
+    return broadcast_tensors(state_tensors(module, optimizer, named_params), source, group)
+
+
+@torch.no_grad()
+def broadcast_tensors(tensors: list[torch.Tensor], source: int, group: Any = None) -> int:
+    """Broadcast `tensors` in place from `source`, flattened into buckets of one
+    device and dtype (one collective per bucket, not per tensor)."""
+    backend = dist.get_backend(group)
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
+    buckets: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+    sent = 0
+    for tensor in tensors:
+        key = (tensor.device, tensor.dtype)
+        bucket = buckets.setdefault(key, [])
+        bucket.append(tensor)
+        if sum(t.numel() * t.element_size() for t in bucket) >= BUCKET_BYTES:
+            sent += _broadcast_bucket(buckets.pop(key), source, group, device)
+    for bucket in buckets.values():
+        sent += _broadcast_bucket(bucket, source, group, device)
+    return sent
+
+
+def _broadcast_bucket(bucket: list[torch.Tensor], source: int, group: Any, device: torch.device | None) -> int:
+    flat = torch.cat([t.reshape(-1) for t in bucket])
+    if device is not None and flat.device.type == "cpu":
+        flat = flat.to(device)  # NCCL moves device memory only (e.g. Adam's step counters live on the CPU)
+    dist.broadcast(flat, source, group=group)
+    if dist.get_rank() != source:
+        offset = 0
+        for t in bucket:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
+    return flat.numel() * flat.element_size()
