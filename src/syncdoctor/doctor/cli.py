@@ -14,9 +14,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("diagnose", help="diagnose a probe run folder and/or raw logs",
                        description="Read probe records and/or raw logs (per-rank training logs, NCCL, "
                                    "HCCL/Ascend, MindSpore, torchrun) and rank the likely root causes.")
-    p.add_argument("paths", nargs="+", metavar="PATH", help="a probe run folder, log files, or folders of logs")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="a probe run folder, log files, or folders of logs; several run folders are diagnosed "
+                        "each on its own, then across runs (a host that recurs)")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON on stdout")
-    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report "
+                                                  "(several run folders: FILE.1.html, FILE.2.html, …)")
     p.set_defaults(func=cmd_diagnose)
 
     r = sub.add_parser("rules", help="list the diagnosis rules and preflight checks with their docs")
@@ -28,7 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from syncdoctor.doctor.diagnose import diagnose
     from syncdoctor.doctor.report import render_html, render_json, render_terminal
+    from syncdoctor.records.reader import is_run_dir
 
+    run_dirs = [p for p in args.paths if Path(p).is_dir() and is_run_dir(Path(p))]
+    if len(run_dirs) > 1:
+        return _diagnose_runs(args, run_dirs, [p for p in args.paths if p not in run_dirs])
     diag = diagnose(args.paths)
     if args.html:
         path = Path(args.html)
@@ -44,6 +51,30 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if args.html:
         print(f"HTML report: {Path(args.html).resolve()}", file=sys.stderr if args.json else sys.stdout)
     return diag.exit_code
+
+
+def _diagnose_runs(args: argparse.Namespace, run_dirs: list[str], loose: list[str]) -> int:
+    """Several run folders: each diagnosed on its own (loose log paths together, as one
+    more), then what they share: a host that recurs in hardware.corruption findings."""
+    from syncdoctor.doctor import across_runs
+    from syncdoctor.doctor.report import render_html
+
+    runs = across_runs.diagnose_runs([[d] for d in run_dirs] + ([loose] if loose else []))
+    if args.html:
+        base = Path(args.html)
+        for i, run in enumerate(runs, 1):
+            path = base.with_name(f"{base.stem}.{i}{base.suffix or '.html'}")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(render_html(run.diagnosis, title=f"syncdoctor report: {run.path}"), encoding="utf-8")
+            except OSError as exc:
+                raise InputError(f"cannot write {path}: {exc.strerror}") from exc
+            print(f"HTML report {i}: {path.resolve()}", file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(across_runs.render_json(runs))
+    else:
+        across_runs.render_terminal(runs)
+    return max(run.diagnosis.exit_code for run in runs)
 
 
 def all_rule_docs() -> list[dict]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import sys
 import time
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 # corrupted copy trains on for tens of steps, not hundreds: one store write per rank
 # and block, still no per-step work.
 HEAL_READ_EVERY_STEPS = 20
-HEAL_WAIT_S = 30.0  # the longest the ranks wait for each other at the heal step
+HEAL_WAIT_S = 30.0  # the longest the ranks wait for each other at the heal step (env SYNCDOCTOR_HEAL_WAIT_S)
 POLL_S = 0.002
 BUCKET_BYTES = 32 << 20  # tensors travel flattened in buckets of about this size
 HEALABLE = {"param", "opt", "grad", "buffer"}  # what corruption changes; anything else is a bug's mark
@@ -79,6 +80,7 @@ class Healer:
         self.healed_through = 0  # checks at or before this step predate the last heal
         self.refusals: set[str] = set()
         self.host = socket.gethostname()
+        self.wait_s = float(os.environ.get("SYNCDOCTOR_HEAL_WAIT_S") or HEAL_WAIT_S)
 
     # ------------------------------------------------------------------ the reader's side
     def after_block(self, first: int, blocks: list[np.ndarray]) -> None:
@@ -188,7 +190,7 @@ class Healer:
         state_key = f"heal/{plan['id']}/state"
         if self.store.add(f"heal/{plan['id']}/arrived", 1) == self.world_size:
             self.store.compare_set(state_key, "", "go")
-        deadline = time.monotonic() + HEAL_WAIT_S
+        deadline = time.monotonic() + self.wait_s
         while not self.store.check([state_key]):
             if time.monotonic() > deadline:
                 self.store.compare_set(state_key, "", "abort")

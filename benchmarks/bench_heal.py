@@ -1,0 +1,115 @@
+"""What a heal costs: the time to restore one replica of N bytes over the job's own
+process group (parameters, buffers and the optimizer state, broadcast from a
+majority rank), and the store round trips of the meeting before it.
+
+    python benchmarks/bench_heal.py [--world-size 3] [--sizes-mb 1 10 100] [--repeats 5] [--json]
+
+It starts `--world-size` real processes (gloo over 127.0.0.1, one thread each) that
+hold a model of the given parameter size with SGD momentum (so the optimizer state
+is as large again) and time syncdoctor.probe.heal.restore_from, the function a heal
+runs, between barriers; the figure is the slowest rank's time, median of the
+repeats. The meeting (one store `add` per rank, then a compare_set and a poll) is
+timed alone as `meet_ms`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def rank_main() -> None:
+    import torch
+    import torch.distributed as dist
+
+    from syncdoctor.probe.check import job_store
+    from syncdoctor.probe.heal import restore_from
+
+    sizes_mb = [float(s) for s in os.environ["BENCH_SIZES_MB"].split(",")]
+    repeats = int(os.environ["BENCH_REPEATS"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = job_store(30.0)
+    rows = []
+    for size_mb in sizes_mb:
+        # Layers of at most 4M floats, as a real model's tensors are many, not one.
+        floats = int(size_mb * (1 << 20) / 4)
+        layers = [min(1 << 22, floats - i) for i in range(0, floats, 1 << 22)]
+        model = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(n)) for n in layers])
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        optimizer.step()  # momentum buffers exist: the optimizer state is as large as the parameters
+        named = list(model.named_parameters())
+        times, meets, sent = [], [], 0
+        for r in range(repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            key = f"bench/{size_mb}/{r}"
+            if store.add(f"{key}/arrived", 1) == world:
+                store.compare_set(f"{key}/state", "", "go")
+            while not store.check([f"{key}/state"]):
+                time.sleep(0.002)
+            store.get(f"{key}/state")
+            meet = time.perf_counter() - t0
+            dist.barrier()
+            t0 = time.perf_counter()
+            sent = restore_from(0, model, optimizer, named)
+            elapsed = torch.tensor([time.perf_counter() - t0, meet], dtype=torch.float64)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            times.append(float(elapsed[0]))
+            meets.append(float(elapsed[1]))
+        median = statistics.median(times)
+        rows.append({"world_size": world, "param_mb": size_mb, "bytes": sent, "restore_ms": round(median * 1e3, 2),
+                     "restore_ms_min": round(min(times) * 1e3, 2), "gb_per_s": round(sent / median / 1e9, 3),
+                     "meet_ms": round(statistics.median(meets) * 1e3, 2), "backend": dist.get_backend()})
+        del model, optimizer
+    if rank == 0:
+        print("BENCH " + json.dumps(rows), flush=True)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    from syncdoctor.lab.launch import free_port, run_ranks
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world-size", type=int, default=3)
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 10, 100])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = [Path(tmp) / f"rank{r}.log" for r in range(args.world_size)]
+        envs = [dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.world_size), MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(port), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", BENCH_RANK_MAIN="1",
+                     BENCH_SIZES_MB=",".join(map(str, args.sizes_mb)), BENCH_REPEATS=str(args.repeats))
+                for r in range(args.world_size)]
+        codes, timed_out = run_ranks([[sys.executable, __file__]] * args.world_size, envs, logs, timeout_s=900)
+        text = logs[0].read_text()
+        line = next((ln for ln in text.splitlines() if ln.startswith("BENCH ")), None)
+        if line is None or timed_out or any(codes):
+            sys.exit(f"bench failed (exit codes {codes}, timed out {timed_out}):\n{text[-3000:]}")
+    rows = json.loads(line[len("BENCH "):])
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print("| ranks | model params | bytes restored (params + momentum) | restore (median) | rate | meeting |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['world_size']} | {r['param_mb']:g} MiB | {r['bytes']:,} | {r['restore_ms']} ms | "
+              f"{r['gb_per_s']} GB/s | {r['meet_ms']} ms |")
+
+
+if __name__ == "__main__":
+    if os.environ.get("BENCH_RANK_MAIN"):
+        rank_main()
+    else:
+        main()
