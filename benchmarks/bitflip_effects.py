@@ -97,9 +97,14 @@ def main() -> None:
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
     clean: dict[int, pl.DataFrame] = {}
+    done = {}
+    if (root / "effects.jsonl").exists():  # cases measured before are kept, not run again
+        done = {row["case"]: row for row in map(json.loads, (root / "effects.jsonl").read_text().splitlines())}
     with open(root / "effects.jsonl", "a") as sink:
         for name, fault, variant, seed, on_mismatch in cases(args.world_size):
-            if args.only and name not in args.only:
+            if fault == "clean" and name in done:
+                clean[seed] = mean_loss_curve(root / name)
+            if name in done or (args.only and name not in args.only):
                 continue
             row = measure(name, fault, variant, args.world_size, args.steps, seed, on_mismatch, root, clean)
             if fault == "clean":

@@ -23,6 +23,8 @@ class Fault:
     frameworks: ClassVar[tuple[str, ...]] = ("torch",)
     # Why a framework is missing from `frameworks` (shown by `lab matrix --framework X`).
     not_on: ClassVar[dict[str, str]] = {"mindspore": "not yet measured on MindSpore (the script honours its knobs)"}
+    # The variants `lab matrix` (and the doctor tests over it) run; None: all of them.
+    matrix_variants: ClassVar[tuple[str, ...] | None] = None
     sync: ClassVar[str | None] = None  # forces the data-parallel mode when set
     ends_in_error: ClassVar[bool] = False  # the run is expected to fail
 
@@ -381,6 +383,7 @@ class BitFlip(Fault):
         "grad": ("grad", 22, 0), "opt": ("opt", 22, 0), "sporadic": ("param", 22, 50),
     }
     variants = tuple(VARIANTS)
+    matrix_variants = ("param", "grad", "opt")  # one per place; the bit's effect is in `measured`
 
     @staticmethod
     def bad_rank(world_size: int) -> int:

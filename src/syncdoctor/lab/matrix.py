@@ -41,7 +41,7 @@ def cases(framework: str = "torch") -> list[tuple[str, str, int]]:
     for name, fault in FAULTS.items():
         if name == "clean" or framework not in fault.frameworks:
             continue
-        out.extend((name, variant, 0) for variant in fault.variants)
+        out.extend((name, variant, 0) for variant in fault.matrix_variants or fault.variants)
     return out
 
 

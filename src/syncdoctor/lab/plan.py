@@ -64,7 +64,7 @@ class RankPlan:
     bitflip_at: int | None = None  # the first step it happens
     bitflip_every: int = 0  # then again every this many steps (0: once)
     bitflip_bit: int = 22  # 0-22 mantissa (22: the value moves by up to half), 23-30 exponent, 31 sign
-    bitflip_tensor: str = "fc1.weight"
+    bitflip_tensor: str = "conv1.weight"  # every input passes through it
     bitflip_index: int = 0  # which element of the tensor
     extra: dict[str, Any] = field(default_factory=dict)
 

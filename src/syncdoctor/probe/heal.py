@@ -96,6 +96,9 @@ class Healer:
             if not what:
                 agreed_before = True
                 continue
+            if not set(what) & HEALABLE:  # the replicas' state agrees: nothing to heal
+                agreed_before = False
+                continue
             if agreed_before is None:
                 agreed_before = self._previous_check_agreed(first)
             step = table[self.checker.rank][FIELDS.index("step")]

@@ -387,7 +387,7 @@ class MindSporeProbe:
             message = (f"syncdoctor: replicas differ at step {self.step}: {', '.join(what)} "
                        f"(ranks {sorted(outside)} outside the majority; first tensor {tensor})")
             self._event("mismatch", message)
-            if self.on_mismatch == "warn" and self.rank == 0:
+            if self.on_mismatch in ("warn", "heal") and self.rank == 0:  # no heal on MindSpore: it warns
                 print(f"[WARNING] {message}", file=sys.stderr, flush=True)
             elif self.on_mismatch == "raise":
                 raise RuntimeError(message)
