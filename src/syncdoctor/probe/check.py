@@ -278,8 +278,6 @@ class CrossRankCheck:
             if len(self.rows) == self.block:
                 self._post()
             self._read_due(self.count - self.lag)
-            if self.healer is not None and self.world_size > 2:
-                self.healer.at_check(record["step"])
             if not self.everyone_reads and time.monotonic() - self.polled_at >= VERDICT_POLL_S:
                 self._poll_verdicts()
         except Exception as exc:  # the store is gone (its host died) or does not answer
@@ -301,6 +299,16 @@ class CrossRankCheck:
     def _data_key(self) -> int:
         layout = self.layout
         return layout.data_key if layout is not None and layout.data_key is not None else self.rank + 1
+
+    def heal_due(self, step: int) -> None:
+        """At a check step, before its fingerprints: learn of a heal plan, and at its
+        step take part in the heal (heal.py)."""
+        if self.stopped or self.healer is None or self.world_size < 3:
+            return
+        try:
+            self.healer.at_check(step)
+        except Exception as exc:  # the store is gone: the others abort the heal after a bounded wait
+            self._give_up(step, exc)
 
     def _post(self) -> None:
         """One store write for the block (sent without waiting for a reply): its number

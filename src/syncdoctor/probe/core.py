@@ -411,6 +411,8 @@ class Probe:
             record["ids"] = self._ids
         measured = self._measuring
         if measured:
+            if self.checker is not None and self.checker.healer is not None:
+                self.checker.heal_due(step)  # on_mismatch="heal": before the fingerprints, which then see it
             record.update(self._measurements())
         self.writer.append(record)
         check_now = measured and self.checker is not None

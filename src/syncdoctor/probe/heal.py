@@ -77,7 +77,7 @@ class Healer:
         self.world_size = checker.world_size
         self.seen = 0  # plans read from the store
         self.plan: dict[str, Any] | None = None  # the plan this rank will act on
-        self.healed_through = 0  # checks at or before this step predate the last heal
+        self.healed_through = 0  # the step of the last heal (its check already sees the healed state)
         self.refusals: set[str] = set()
         self.host = socket.gethostname()
         self.wait_s = float(os.environ.get("SYNCDOCTOR_HEAL_WAIT_S") or HEAL_WAIT_S)
@@ -102,14 +102,14 @@ class Healer:
             if agreed_before is None:
                 agreed_before = self._previous_check_agreed(first)
             step = table[self.checker.rank][FIELDS.index("step")]
-            if agreed_before and step > self.healed_through:
-                self._consider(first + n, step, table, what)
-            elif first + n == 1:
+            if first + n == 1:
                 self._refuse("the replicas differ from the first check: initialisation or set-up, "
                              "not corruption", step, what)
-            elif self.healed_through and step > self.healed_through and not agreed_before:
+            elif agreed_before and self.healed_through and step <= self.healed_through + 2 * self.probe.check_every:
                 self._refuse("the replicas part again right after a heal: a persistent fault, not a "
                              "transient corruption", step, what)
+            elif agreed_before and step > self.healed_through:
+                self._consider(first + n, step, table, what)
             agreed_before = False
 
     def _previous_check_agreed(self, first: int) -> bool:
@@ -150,7 +150,7 @@ class Healer:
             self._refuse("no strict majority of replicas agrees", step, what)
             return
         if self.plan is not None:
-            return  # a heal is under way: this mismatch predates it
+            return  # a heal is under way
         now = self.probe.step
         every = self.probe.check_every
         # Counted first (the answer is awaited), written next: a rank that sees the count

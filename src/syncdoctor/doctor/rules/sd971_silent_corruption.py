@@ -93,11 +93,7 @@ class SilentCorruption(Rule):
             return None  # apart from the start: initialisation or set-up, not a flip
         world = ev.world_size or len(ev.ranks)
         heals = [e for e in heal_events(ev) if e["heal"].get("status") == "healed"]
-        healed_at = min((int(e["step"]) for e in heals), default=None)
-        check_every = next((s.get("check_every") for s in ev.snapshots.values()
-                            if isinstance(s.get("check_every"), int)), 1)
-        if healed_at is not None and any(c["step"] > healed_at + check_every for c in checks
-                                         if c["step"] < self._next_heal(heals, healed_at)):
+        if self._parts_again_after_heal(ev, heals, checks):
             return None  # it came back at once after a heal: a persistent fault, another rule's
         odd = self._odd_ranks(ev, div.ranks, world)
         labels = {"param": "parameters", "opt": "optimizer state", "grad": "reduced gradients", "buffer": "buffers"}
@@ -157,9 +153,15 @@ class SilentCorruption(Rule):
         return sorted(ranks) if ranks and 2 * len(ranks) < world else []
 
     @staticmethod
-    def _next_heal(heals: list[dict[str, Any]], after: int) -> int:
-        later = [int(e["step"]) for e in heals if int(e["step"]) > after]
-        return min(later) if later else 1 << 62
+    def _parts_again_after_heal(ev: Evidence, heals: list[dict[str, Any]], checks: list[dict[str, Any]]) -> bool:
+        """A replica that parts again within two checks of being healed: not a
+        transient flip (a heal's own check already sees the restored state)."""
+        if any("persistent" in str(e["heal"].get("reason")) for e in heal_events(ev)):
+            return True
+        every = next((s.get("check_every") for s in ev.snapshots.values() if isinstance(s.get("check_every"), int)),
+                     1)
+        steps = {int(e["step"]) for e in heals}
+        return any(s < c["step"] <= s + 2 * every for s in steps for c in checks)
 
     @staticmethod
     def _heal_lines(ev: Evidence, heals: list[dict[str, Any]], checks: list[dict[str, Any]]) -> list[str]:
