@@ -34,6 +34,14 @@ def mean_loss_curve(out: Path) -> pl.DataFrame:
     return read_run(out).steps.group_by("step").agg(pl.col("loss").mean()).sort("step")
 
 
+FINAL_STEPS = 30  # the final loss: the mean over ranks and the last this many steps (one step's is noisy)
+
+
+def final_loss_of(curve: pl.DataFrame) -> float | None:
+    last = curve.tail(FINAL_STEPS)["loss"].to_list()
+    return sum(last) / len(last) if last and all(v is not None for v in last) else None
+
+
 def measure(name: str, fault: str, variant: str, world_size: int, steps: int, seed: int, on_mismatch: str | None,
             root: Path, clean: dict[int, pl.DataFrame]) -> dict[str, Any]:
     out = root / name
@@ -42,8 +50,7 @@ def measure(name: str, fault: str, variant: str, world_size: int, steps: int, se
     records = read_run(out)
     steps_frame = records.steps
     curve = mean_loss_curve(out)
-    last = curve.tail(10)["loss"].to_list()
-    final_loss = sum(last) / len(last) if last and all(v is not None for v in last) else None
+    final_loss = final_loss_of(curve)
     row: dict[str, Any] = {"case": name, "fault": fault, "variant": variant, "world_size": world_size,
                            "seed": seed, "on_mismatch": on_mismatch or "warn", "ok": result.ok,
                            "duration_s": round(result.duration_s, 1), "final_loss": final_loss,
@@ -82,9 +89,43 @@ def cases(world_size: int) -> list[tuple[str, str, str, int, str | None]]:
     for variant in FAULTS["bit-flip"].variants:
         out.append((f"bit-flip-{variant}", "bit-flip", variant, 0, None))
         out.append((f"bit-flip-{variant}-heal", "bit-flip", variant, 0, "heal"))
+    out += [(f"bit-flip-param-heal-s{s}", "bit-flip", "param", s, "heal") for s in (1, 2)]
     for fault in ("optimizer-state-mismatch", "skipped-step", "dropped-rank", "init-mismatch", "duplicate-rank-id"):
         out.append((f"{fault}-heal", fault, "", 0, "heal"))
     return out
+
+
+def table(root: Path) -> str:
+    """The effect table (Markdown) from OUT/effects.jsonl."""
+    rows = [json.loads(line) for line in (root / "effects.jsonl").read_text().splitlines()]
+    for r in rows:  # scored again from the records: the definition of the final loss may have changed
+        if (root / r["case"] / "records").is_dir():
+            r["final_loss"] = final_loss_of(mean_loss_curve(root / r["case"]))
+    clean = [r for r in rows if r["fault"] == "clean"]
+    lines = [f"Clean baseline, seeds {', '.join(str(r['seed']) for r in clean)}: final loss (last {FINAL_STEPS} steps) "
+             f"{min(r['final_loss'] for r in clean):.4f}–{max(r['final_loss'] for r in clean):.4f}, held-out "
+             f"accuracy {min(r['accuracy_min'] for r in clean):.3f}–{max(r['accuracy_mean'] for r in clean):.3f}.",
+             "",
+             "| case | on mismatch | first mismatch (step, ranks, what, tensor) | final loss | accuracy (min) "
+             "| max loss deviation vs clean s0 | replicas at the end | heal | doctor |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["fault"] == "clean":
+            continue
+        first = r.get("first_mismatch")
+        where = (f"{first['step']}, {first['ranks']}, {'+'.join(first['what'])}, {first['tensor'] or '—'}"
+                 if first else "—")
+        loss = r["final_loss"]
+        loss_text = "nan" if loss is None or not math.isfinite(loss) else f"{loss:.4f}"
+        dev = r.get("max_rel_loss_deviation")
+        dev_text = "nan" if dev is None else f"{dev:.1%}"
+        heals = "; ".join(f"{h['status']} at {h['step']}" + (f" ({h['reason']})" if h.get("reason") else "")
+                          for h in r["heals"]) or "—"
+        acc = "—" if r["accuracy_min"] is None else f"{r['accuracy_min']:.3f}"
+        ends = "parted" if r["parted_at_end"] else "equal"
+        lines.append(f"| {r['case']} | {r['on_mismatch']} | {where} | {loss_text} | {acc} | {dev_text} | {ends} "
+                     f"| {heals} | {r['doctor']['category']} ({r['doctor']['code']}) |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -93,8 +134,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--out", default="runs/bitflip")
     parser.add_argument("--only", nargs="*", help="only these case names (clean-s0 is needed for deviations)")
+    parser.add_argument("--table", action="store_true", help="print the Markdown table of OUT/effects.jsonl and exit")
     args = parser.parse_args()
     root = Path(args.out)
+    if args.table:
+        print(table(root))
+        return
     root.mkdir(parents=True, exist_ok=True)
     clean: dict[int, pl.DataFrame] = {}
     done = {}

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 
 K = LAB_CHECK_EVERY
 ONSET = RankPlan(rank=0, world_size=4).onset
+FLIPPED = RankPlan(rank=0, world_size=4).bitflip_tensor
 
 
 def final_loss(out: Path) -> float:
@@ -39,10 +40,10 @@ def test_bit_flip_on_rank_2_of_4_is_named_healed_and_trains_on(lab) -> None:
     records = read_run(run.out)
     first = min((c for c in records.checks if c["status"] == "mismatch"), key=lambda c: c["step"])
     assert ONSET <= first["step"] < ONSET + K  # within one check interval
-    assert first["ranks"] == [2] and first["what"] == ["param"] and first["tensor"] == "fc1.weight"
+    assert first["ranks"] == [2] and first["what"] == ["param"] and first["tensor"] == FLIPPED
     top = diagnose([run.out]).findings[0]
     assert top.category == "hardware.corruption" and top.code == "SD971"
-    assert top.ranks == [2] and top.tensor == "fc1.weight" and top.step == first["step"]
+    assert top.ranks == [2] and top.tensor == FLIPPED and top.step == first["step"]
     assert f"host {records.snapshots[2]['host']}" in top.title
     done = heals(run.out, "healed")
     assert sorted(e["rank"] for e in done) == [0, 1, 2, 3] and len({e["step"] for e in done}) == 1
@@ -116,3 +117,17 @@ def test_several_runs_point_at_the_host_that_recurs(lab, tmp_path: Path, capsys)
     # One run alone singles out no host.
     assert main(["diagnose", str(first), str(healthy)]) == 1
     assert "no host recurs yet" in capsys.readouterr().out
+
+
+def test_a_setup_difference_makes_it_a_bug_not_corruption(lab, tmp_path: Path) -> None:
+    run = lab("bit-flip", "param", world_size=4, on_mismatch="heal").out
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    path = copy / "records" / "rank2.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    snapshot = json.loads(lines[0])
+    snapshot["loss"]["params"]["margin"] = 0.1  # rank 2 ran another loss: a bug's mark
+    lines[0] = json.dumps(snapshot) + "\n"
+    path.write_text("".join(lines))
+    assert diagnose([run]).findings[0].code == "SD971"
+    assert "hardware.corruption" not in {f.category for f in diagnose([copy]).findings}

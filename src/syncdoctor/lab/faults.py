@@ -376,14 +376,16 @@ class BitFlip(Fault):
     symptom = "no error anywhere; one replica parts from the others (a failing chip or memory cell)"
     category = "hardware.corruption"
     measured = "not measured yet"
-    # (target, bit, repeat every N steps): bit 22 is the top mantissa bit (the value moves by up to
-    # half), bit 30 the top exponent bit (a weight of 0.05 becomes ~1e37), bit 0 the lowest.
-    VARIANTS: ClassVar[dict[str, tuple[str, int, int]]] = {
-        "param": ("param", 22, 0), "param_low": ("param", 0, 0), "param_exponent": ("param", 30, 0),
-        "grad": ("grad", 22, 0), "opt": ("opt", 22, 0), "sporadic": ("param", 22, 50),
+    # (target, bit, repeat every N steps, tensor): bit 22 is the top mantissa bit (the value moves by
+    # up to half), bit 30 the top exponent bit (a weight of 0.05 becomes ~1e37), bit 0 the lowest.
+    VARIANTS: ClassVar[dict[str, tuple[str, int, int, str]]] = {
+        "param": ("param", 22, 0, "conv1.weight"), "param_low": ("param", 0, 0, "conv1.weight"),
+        "param_exponent": ("param", 30, 0, "fc2.weight"), "grad": ("grad", 22, 0, "conv1.weight"),
+        "opt": ("opt", 22, 0, "conv1.weight"), "sporadic": ("param", 22, 50, "conv1.weight"),
     }
     variants = tuple(VARIANTS)
     matrix_variants = ("param", "grad", "opt")  # one per place; the bit's effect is in `measured`
+    not_on = {"mindspore": "the MindSpore lab script has no bit-flip knob yet (and the probe no heal there)"}
 
     @staticmethod
     def bad_rank(world_size: int) -> int:
@@ -391,7 +393,7 @@ class BitFlip(Fault):
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         if plan.rank == self.bad_rank(plan.world_size):
-            plan.bitflip, plan.bitflip_bit, plan.bitflip_every = self.VARIANTS[variant or "param"]
+            plan.bitflip, plan.bitflip_bit, plan.bitflip_every, plan.bitflip_tensor = self.VARIANTS[variant or "param"]
             plan.bitflip_at = plan.onset
 
 
