@@ -69,7 +69,13 @@ def measure(name: str, fault: str, variant: str, world_size: int, steps: int, se
     measured = steps_frame.filter(pl.col("param_fp").is_not_null())
     per_step = measured.group_by("step").agg(pl.col("param_fp").n_unique().alias("k")).sort("step")
     row["parted_at_end"] = bool(per_step["k"][-1] > 1) if per_step.height else None
-    heals = [e for e in records.events if e.get("event") == "heal" and e.get("rank") == 0]
+    # A heal is recorded by every rank, a refusal by the rank that read the check: one row each.
+    heals, seen = [], set()
+    for e in sorted((e for e in records.events if e.get("event") == "heal"), key=lambda e: (e["step"], e["rank"])):
+        key = (e["heal"].get("status"), e["heal"].get("id"), e["heal"].get("reason"))
+        if key not in seen:
+            seen.add(key)
+            heals.append(e)
     row["heals"] = [{"step": e["step"], **{k: e["heal"].get(k) for k in ("status", "odd", "source", "bytes",
                                                                            "seconds", "reason")}} for e in heals]
     healed = [e["step"] for e in heals if e["heal"].get("status") == "healed"]

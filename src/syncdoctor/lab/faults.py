@@ -381,7 +381,7 @@ class BitFlip(Fault):
     VARIANTS: ClassVar[dict[str, tuple[str, int, int, str]]] = {
         "param": ("param", 22, 0, "conv1.weight"), "param_low": ("param", 0, 0, "conv1.weight"),
         "param_exponent": ("param", 30, 0, "fc2.weight"), "grad": ("grad", 22, 0, "conv1.weight"),
-        "opt": ("opt", 22, 0, "conv1.weight"), "sporadic": ("param", 22, 50, "conv1.weight"),
+        "opt": ("opt", 22, 0, "conv1.weight"), "sporadic": ("param", 22, 60, "conv1.weight"),
     }
     variants = tuple(VARIANTS)
     matrix_variants = ("param", "grad", "opt")  # one per place; the bit's effect is in `measured`

@@ -9,8 +9,9 @@ which copy is the odd one; this module then restores it from a majority rank:
 parameters, buffers and optimizer state, over the job's own process group.
 
 It never heals what looks like a bug: a counter, configuration, mode or data
-difference, replicas that differed from the first check (initialisation), a rank
-that parts again at once after a heal (a persistent fault), two ranks or a split
+difference, replicas that differed from the first check (initialisation), copies
+that part again at the first check after a heal (a persistent fault: a transient
+flip is not followed by another within K steps but by chance), two ranks or a split
 without a majority. Those stay what on_mismatch="warn" makes them: a line and a
 record, and the refusal is recorded with its reason.
 
@@ -105,7 +106,7 @@ class Healer:
             if first + n == 1:
                 self._refuse("the replicas differ from the first check: initialisation or set-up, "
                              "not corruption", step, what)
-            elif agreed_before and self.healed_through and step <= self.healed_through + 2 * self.probe.check_every:
+            elif agreed_before and self.healed_through and step <= self.healed_through + self.probe.check_every:
                 self._refuse("the replicas part again right after a heal: a persistent fault, not a "
                              "transient corruption", step, what)
             elif agreed_before and step > self.healed_through:

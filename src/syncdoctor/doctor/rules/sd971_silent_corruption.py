@@ -154,14 +154,14 @@ class SilentCorruption(Rule):
 
     @staticmethod
     def _parts_again_after_heal(ev: Evidence, heals: list[dict[str, Any]], checks: list[dict[str, Any]]) -> bool:
-        """A replica that parts again within two checks of being healed: not a
+        """A replica that parts again at the first check after being healed: not a
         transient flip (a heal's own check already sees the restored state)."""
         if any("persistent" in str(e["heal"].get("reason")) for e in heal_events(ev)):
             return True
         every = next((s.get("check_every") for s in ev.snapshots.values() if isinstance(s.get("check_every"), int)),
                      1)
         steps = {int(e["step"]) for e in heals}
-        return any(s < c["step"] <= s + 2 * every for s in steps for c in checks)
+        return any(s < c["step"] <= s + every for s in steps for c in checks)
 
     @staticmethod
     def _heal_lines(ev: Evidence, heals: list[dict[str, Any]], checks: list[dict[str, Any]]) -> list[str]:
