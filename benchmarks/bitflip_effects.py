@@ -42,6 +42,19 @@ def final_loss_of(curve: pl.DataFrame) -> float | None:
     return sum(last) / len(last) if last and all(v is not None for v in last) else None
 
 
+def heal_rows(out: Path) -> list[dict[str, Any]]:
+    """A heal is recorded by every rank, a refusal by the rank that read the check: one row each."""
+    rows, seen = [], set()
+    events = [e for e in read_run(out).events if e.get("event") == "heal"]
+    for e in sorted(events, key=lambda e: (e["step"], e["rank"])):
+        key = (e["heal"].get("status"), e["heal"].get("id"), e["heal"].get("reason"))
+        if key not in seen:
+            seen.add(key)
+            rows.append({"step": e["step"], **{k: e["heal"].get(k) for k in ("status", "odd", "source", "bytes",
+                                                                                "seconds", "reason")}})
+    return rows
+
+
 def measure(name: str, fault: str, variant: str, world_size: int, steps: int, seed: int, on_mismatch: str | None,
             root: Path, clean: dict[int, pl.DataFrame]) -> dict[str, Any]:
     out = root / name
@@ -69,16 +82,8 @@ def measure(name: str, fault: str, variant: str, world_size: int, steps: int, se
     measured = steps_frame.filter(pl.col("param_fp").is_not_null())
     per_step = measured.group_by("step").agg(pl.col("param_fp").n_unique().alias("k")).sort("step")
     row["parted_at_end"] = bool(per_step["k"][-1] > 1) if per_step.height else None
-    # A heal is recorded by every rank, a refusal by the rank that read the check: one row each.
-    heals, seen = [], set()
-    for e in sorted((e for e in records.events if e.get("event") == "heal"), key=lambda e: (e["step"], e["rank"])):
-        key = (e["heal"].get("status"), e["heal"].get("id"), e["heal"].get("reason"))
-        if key not in seen:
-            seen.add(key)
-            heals.append(e)
-    row["heals"] = [{"step": e["step"], **{k: e["heal"].get(k) for k in ("status", "odd", "source", "bytes",
-                                                                           "seconds", "reason")}} for e in heals]
-    healed = [e["step"] for e in heals if e["heal"].get("status") == "healed"]
+    row["heals"] = heal_rows(out)
+    healed = [h["step"] for h in row["heals"] if h["status"] == "healed"]
     if healed:
         after = per_step.filter(pl.col("step") > max(healed))
         row["equal_at_every_check_after_heal"] = bool(after.height and (after["k"] == 1).all())
@@ -107,6 +112,7 @@ def table(root: Path) -> str:
     for r in rows:  # scored again from the records: the definition of the final loss may have changed
         if (root / r["case"] / "records").is_dir():
             r["final_loss"] = final_loss_of(mean_loss_curve(root / r["case"]))
+            r["heals"] = heal_rows(root / r["case"])
     clean = [r for r in rows if r["fault"] == "clean"]
     lines = [f"Clean baseline, seeds {', '.join(str(r['seed']) for r in clean)}: final loss (last {FINAL_STEPS} steps) "
              f"{min(r['final_loss'] for r in clean):.4f}–{max(r['final_loss'] for r in clean):.4f}, held-out "
