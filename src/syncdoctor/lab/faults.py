@@ -377,10 +377,10 @@ class BitFlip(Fault):
     category = "hardware.corruption"
     measured = "not measured yet"
     # (target, bit, repeat every N steps, tensor): bit 22 is the top mantissa bit (the value moves by
-    # up to half), bit 30 the top exponent bit (a weight of 0.05 becomes ~1e37), bit 0 the lowest.
+    # up to half), bit 30 the top exponent bit (1.0 becomes infinite, 0.05 ~1e37), bit 0 the lowest.
     VARIANTS: ClassVar[dict[str, tuple[str, int, int, str]]] = {
         "param": ("param", 22, 0, "conv1.weight"), "param_low": ("param", 0, 0, "conv1.weight"),
-        "param_exponent": ("param", 30, 0, "fc2.weight"), "grad": ("grad", 22, 0, "conv1.weight"),
+        "param_exponent": ("param", 30, 0, "bn1.weight"), "grad": ("grad", 22, 0, "conv1.weight"),
         "opt": ("opt", 22, 0, "conv1.weight"), "sporadic": ("param", 22, 60, "conv1.weight"),
     }
     variants = tuple(VARIANTS)
