@@ -26,9 +26,11 @@ job hangs. So:
    round trip per check, only under "heal"). Data-parallel ranks run in lockstep —
    each step holds a collective the reader takes part in after publishing — so every
    rank has seen the plan at the check step between publication and S.
-3. At S every rank that knows the plan counts itself in. The one that completes
-   the count writes "go" with compare_set; a rank that waits longer than
-   HEAL_WAIT_S writes "abort" the same way. compare_set keeps the first value
+3. At S every rank that knows the plan posts its parameters' fingerprint and
+   counts itself in. The one that completes the count writes, with compare_set,
+   "go" if the copies still split as planned (else "stale": a plan made checks ago
+   may be overtaken, e.g. by a NaN that reached every rank); a rank that waits
+   longer than HEAL_WAIT_S writes "abort" the same way. compare_set keeps the first value
    written, so every rank reads the same decision: all broadcast, or none does. A
    rank that never learned of the plan only delays the others by HEAL_WAIT_S.
 """
@@ -191,9 +193,20 @@ class Healer:
             self._meet_and_heal(plan, step)
 
     def _meet_and_heal(self, plan: dict[str, Any], step: int) -> None:
-        state_key = f"heal/{plan['id']}/state"
-        if self.store.add(f"heal/{plan['id']}/arrived", 1) == self.world_size:
-            self.store.compare_set(state_key, "", "go")
+        from syncdoctor.probe.fingerprint import combine, fingerprints
+
+        key = f"heal/{plan['id']}"
+        state_key = f"{key}/state"
+        # Each rank posts its parameters' fingerprint as it arrives; the last to arrive
+        # decides whether the copies still split as planned (the source in the majority,
+        # the odd ranks still odd): a plan made checks ago may be stale.
+        own = combine(fingerprints(p for _, p in self.probe._named_params))
+        self.store.set(f"{key}/fp/{self.checker.rank}", str(own))
+        if self.store.add(f"{key}/arrived", 1) == self.world_size:
+            values = self.store.multi_get([f"{key}/fp/{r}" for r in range(self.world_size)])
+            split = agreement({r: v for r, v in enumerate(values)})
+            still = split.has_majority and plan["source"] in split.majority and split.odd == plan["odd"]
+            self.store.compare_set(state_key, "", "go" if still else "stale")
         deadline = time.monotonic() + self.wait_s
         while not self.store.check([state_key]):
             if time.monotonic() > deadline:
@@ -204,10 +217,12 @@ class Healer:
         rank = self.checker.rank
         info = {k: plan[k] for k in ("id", "source", "odd", "check_step", "what")}
         if decision != "go":
-            message = f"heal of rank(s) {plan['odd']} aborted: not every rank reached step {step} in time"
+            why = ("the copies no longer split as planned (all equal again, or another split)" if decision == "stale"
+                   else f"not every rank reached step {step} in time")
+            message = f"heal of rank(s) {plan['odd']} aborted: {why}"
             print(f"syncdoctor: rank {rank}: {message}", file=sys.stderr, flush=True)
             self.probe.writer.write("event", rank=rank, t=time.time(), step=step, event="heal", message=message,
-                                    heal={**info, "status": "aborted"})
+                                    heal={**info, "status": "aborted", "reason": why})
             return
         t0 = time.perf_counter()
         sent = restore_from(plan["source"], self.probe.module, self.probe.optimizer, self.probe._named_params)
