@@ -74,7 +74,7 @@ def measure(name: str, fault: str, variant: str, world_size: int, steps: int, se
     if seed in clean and fault != "clean":
         joined = curve.join(clean[seed], on="step", suffix="_clean").filter(pl.col("step") >= ONSET)
         dev = (joined["loss"] - joined["loss_clean"]).abs() / joined["loss_clean"].abs()
-        row["max_rel_loss_deviation"] = None if dev.null_count() else float(dev.max())
+        row["max_rel_loss_deviation"] = None if dev.null_count() or dev.is_nan().any() else float(dev.max())
     mismatches = sorted((c for c in records.checks if c.get("status") == "mismatch"), key=lambda c: c["step"])
     if mismatches:
         first = mismatches[0]
@@ -130,7 +130,7 @@ def table(root: Path) -> str:
         loss = r["final_loss"]
         loss_text = "nan" if loss is None or not math.isfinite(loss) else f"{loss:.4f}"
         dev = r.get("max_rel_loss_deviation")
-        dev_text = "nan" if dev is None else f"{dev:.1%}"
+        dev_text = "nan" if dev is None or loss_text == "nan" else f"{dev:.1%}"
         heals = "; ".join(f"{h['status']} at {h['step']}" + (f" ({h['reason']})" if h.get("reason") else "")
                           for h in r["heals"]) or "—"
         acc = "—" if r["accuracy_min"] is None else f"{r['accuracy_min']:.3f}"
