@@ -21,7 +21,8 @@ def heal_events(ev: Evidence) -> list[dict[str, Any]]:
     """The probe's heal records (on_mismatch="heal"), one per rank and heal."""
     if ev.records is None:
         return []
-    return [e for e in ev.records.events if e.get("event") == "heal" and isinstance(e.get("heal"), dict)]
+    return [e for e in ev.records.events if e.get("event") == "heal" and isinstance(e.get("heal"), dict)
+            and isinstance(e.get("step"), int)]
 
 
 def device_of(ev: Evidence, rank: int) -> dict[str, Any]:
@@ -175,13 +176,16 @@ class SilentCorruption(Rule):
             cost = ""
             if isinstance(heal.get("bytes"), int) and isinstance(heal.get("seconds"), (int, float)):
                 cost = f" ({heal['bytes']:,} bytes in {heal['seconds'] * 1e3:.1f} ms)"
-            lines.append(f"healed at step {e['step']}: {fmt_ranks(heal.get('odd') or [])} restored from rank "
+            odd = [r for r in heal.get("odd") or [] if isinstance(r, int)] if isinstance(heal.get("odd"), list) else []
+            lines.append(f"healed at step {e['step']}: {fmt_ranks(odd) if odd else 'the odd rank'} restored from rank "
                          f"{heal.get('source')}{cost}")
         if lines:
             last = max(int(e["step"]) for e in heals)
             later_ok = [c for c in ev.checks if c.get("status") == "ok" and c["step"] > last]
             if later_ok and not [c for c in checks if c["step"] > last]:
                 lines.append(f"every check after the heal at step {last} agreed")
+        aborted = {(e["step"], e["heal"].get("reason")) for e in heal_events(ev) if e["heal"].get("status") == "aborted"}
+        lines += [f"heal at step {st} aborted: {r}" for st, r in sorted(aborted, key=lambda a: a[0]) if r]
         refused = {e["heal"].get("reason") for e in heal_events(ev) if e["heal"].get("status") == "refused"}
-        lines += [f"not healed: {r}" for r in sorted(r for r in refused if r)]
+        lines += [f"not healed: {r}" for r in sorted(r for r in refused if isinstance(r, str))]
         return lines[:6]
