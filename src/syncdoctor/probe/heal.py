@@ -89,12 +89,12 @@ class Healer:
     def after_block(self, first: int, blocks: list[np.ndarray]) -> None:
         """A block with a mismatch was read: find an onset (a check that differs where
         the one before agreed) and decide whether it is healable."""
-        from syncdoctor.probe.check import FIELDS, compare
+        from syncdoctor.probe.check import FIELDS, WIDTH, compare
 
         checks = min(len(rows) for rows in blocks)
         agreed_before: bool | None = None
         for n in range(checks):
-            table = [[int(v) for v in rows[n][1 : 1 + len(FIELDS)]] for rows in blocks]
+            table = [[int(v) for v in rows[n][1 : 1 + WIDTH]] for rows in blocks]
             what, _ = compare(table, self.checker.buffers_must_match)
             if not what:
                 agreed_before = True
@@ -118,7 +118,7 @@ class Healer:
     def _previous_check_agreed(self, first: int) -> bool:
         """Whether every rank agreed at check `first - 1`, the last of the previous
         block (still in the store's ring of slots)."""
-        from syncdoctor.probe.check import _rows
+        from syncdoctor.probe.check import WIDTH, _rows, compare
 
         if first <= 1:
             return False
@@ -127,14 +127,14 @@ class Healer:
         if not self.store.check(keys):
             return False
         blocks = [_rows(v) for v in self.store.multi_get(keys)]
-        columns = self.checker._must_columns
-        last: list[list[int]] = []
+        table: list[list[int]] = []
         for rows in blocks:
             at = np.flatnonzero(rows[:, 0] == first - 1) if len(rows) else []
             if not len(at):
                 return False  # the slot was reused: unknown, so not healable
-            last.append([int(rows[at[0], c]) for c in columns])
-        return all(row == last[0] for row in last)
+            table.append([int(v) for v in rows[at[0], 1 : 1 + WIDTH]])
+        what, _ = compare(table, self.checker.buffers_must_match)
+        return not what
 
     def _consider(self, index: int, step: int, table: list[list[int]], what: list[str]) -> None:
         from syncdoctor.probe.check import FIELDS
@@ -142,6 +142,11 @@ class Healer:
         bug = [w for w in what if w not in HEALABLE]
         if bug:
             self._refuse(f"{', '.join(bug)} differ(s) too: the mark of a bug, not of corruption", step, what)
+            return
+        layout = self.checker.layout
+        if (layout is not None and layout.sharded) or not self.probe.opt_state_replicated:
+            self._refuse("the ranks hold parts of the model (sharded), not copies of it: nothing to restore "
+                         "from", step, what)
             return
         if self.world_size < 3:
             self._refuse("two replicas: nothing says which one is corrupted (a third replica or a "
