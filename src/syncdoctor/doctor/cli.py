@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from syncdoctor.cli import InputError
@@ -15,8 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Read probe records and/or raw logs (per-rank training logs, NCCL, "
                                    "HCCL/Ascend, MindSpore, torchrun) and rank the likely root causes.")
     p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="a probe run folder, log files, or folders of logs; several run folders are diagnosed "
-                        "each on its own, then across runs (a host that recurs)")
+                   help="a probe run folder, log files, or folders of logs ('-' reads a pasted log from "
+                        "standard input); several run folders are diagnosed each on its own, then across runs "
+                        "(a host that recurs)")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON on stdout")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report "
                                                   "(several run folders: FILE.1.html, FILE.2.html, …)")
@@ -33,10 +38,11 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from syncdoctor.doctor.report import render_html, render_json, render_terminal
     from syncdoctor.records.reader import is_run_dir
 
-    run_dirs = [p for p in args.paths if Path(p).is_dir() and is_run_dir(Path(p))]
+    run_dirs = [p for p in args.paths if p != "-" and Path(p).is_dir() and is_run_dir(Path(p))]
     if len(run_dirs) > 1:
         return _diagnose_runs(args, run_dirs, [p for p in args.paths if p not in run_dirs])
-    diag = diagnose(args.paths)
+    with _stdin_as_file(args.paths) as paths:
+        diag = diagnose(paths)
     if args.html:
         path = Path(args.html)
         try:
@@ -75,6 +81,24 @@ def _diagnose_runs(args: argparse.Namespace, run_dirs: list[str], loose: list[st
     else:
         across_runs.render_terminal(runs)
     return max(run.diagnosis.exit_code for run in runs)
+
+
+@contextlib.contextmanager
+def _stdin_as_file(paths: list[str]) -> Iterator[list[str]]:
+    """'-' among the paths: standard input (a pasted log) copied to a temporary
+    file named stdin.log, removed afterwards."""
+    if "-" not in paths:
+        yield paths
+        return
+    if sys.stdin is None or sys.stdin.isatty():
+        raise InputError("diagnose -: paste a log on standard input (or pipe one in), then end it with Ctrl-D")
+    with tempfile.TemporaryDirectory(prefix="syncdoctor-stdin-") as tmp:
+        target = Path(tmp) / "stdin.log"
+        with open(target, "wb") as out:
+            shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
+        if target.stat().st_size == 0:
+            raise InputError("diagnose -: standard input was empty")
+        yield [str(target) if p == "-" else p for p in paths]
 
 
 def all_rule_docs() -> list[dict]:

@@ -16,6 +16,7 @@ CATEGORIES = (
     "train.divergence",
     "hparam.lr_scaling",
     "config.rank_identity",
+    "config.launch",
     "env.device",
     "data.seed",
     "data.sharding",

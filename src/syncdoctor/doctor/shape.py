@@ -240,6 +240,15 @@ def classify(
                 f"the rising trend; {numbers} — staged jumps, the sync-problem shape.",
                 f,
             )
+        recovering = _recovering_from(y)
+        if recovering is not None:
+            peak, last = recovering
+            return result(
+                "spike",
+                f"Loss jumped to {_g(float(y[peak]))} at step {at(peak)} and has been coming back since "
+                f"({_g(last)} at the last step): a spike that is recovering, not a steady rise.",
+                f,
+            )
         return result(
             "diverging",
             f"Loss rises steadily: {numbers}; suspect learning rate, model or data first.",
@@ -399,6 +408,22 @@ def _persistent_shifts(f: _Features) -> tuple[int, int]:
     up = (shift >= need) & (moves >= _BIG_JUMP)
     down = (shift <= -need) & (moves <= -_BIG_JUMP)
     return len(_runs(np.flatnonzero(up))), len(_runs(np.flatnonzero(down)))
+
+
+_RECOVER_FROM_PEAK = 0.85  # the last value at most 85 % of the peak ...
+_RECOVER_FALLING = 0.6  # ... with the loss falling on most steps since the peak
+
+
+def _recovering_from(y: np.ndarray) -> tuple[int, float] | None:
+    """(peak index, last value) when an upward trend is one jump the loss has been
+    coming back from since: at least two points after the peak, mostly falling,
+    the last clearly below the peak. A steady rise never falls like that."""
+    peak = int(np.argmax(y))
+    after = y[peak:]
+    if len(after) < 3 or after[-1] > _RECOVER_FROM_PEAK * after[0]:
+        return None
+    falling = float((np.diff(after) < 0).mean())
+    return (peak, float(after[-1])) if falling >= _RECOVER_FALLING else None
 
 
 def _runs(idx: np.ndarray) -> list[tuple[int, int]]:

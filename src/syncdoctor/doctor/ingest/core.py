@@ -18,7 +18,7 @@ import polars as pl
 from syncdoctor.doctor.ingest import events as ev
 from syncdoctor.doctor.ingest.fields import detect_srun_labels, parse_time, strip_prefixes
 from syncdoctor.doctor.ingest.files import SNIFF_BYTES, LogFile, discover, looks_binary, open_binary
-from syncdoctor.doctor.ingest.losses import LossParser, LossPoint, global_steps
+from syncdoctor.doctor.ingest.losses import LossParser, LossPoint, global_steps, split_records
 from syncdoctor.doctor.ingest.scan import MAX_LINE_BYTES, Chunk, TolerantStream, iter_chunks
 from syncdoctor.doctor.model import Event
 
@@ -181,17 +181,34 @@ class _FileReader:
             low = body.lower()
             t: float | None = None
             if "loss" in low or "step" in low:
-                points = self._loss_points(text, body)
-                if points:
-                    t = self._loss_time(body)
-                    for point in points:
-                        self._add_loss(point, prefix.rank, line_no, t)
-            if eventish:
+                records = split_records(body) if "\r" not in text else [body]
+                if len(records) > 1:
+                    self._glued_records(records, prefix.rank, line_no)
+                else:
+                    points = self._loss_points(text, body)
+                    if points:
+                        t = self._loss_time(body)
+                        for point in points:
+                            self._add_loss(point, prefix.rank, line_no, t)
+            # DeepSpeed's "step=2000, skipped=1995" carries only the step keyword,
+            # yet its skip counter is the loss scaler's record of overflows.
+            if eventish or "skipped=" in low:
                 match = ev.classify(body, low)
                 if match is not None and match.rule.kind is not None:
                     if t is None:
                         t = self._time(body)
                     self._add_event(match, chunk, line_no, text, prefix.rank, prefix.host, t)
+
+    def _glued_records(self, records: list[str], line_rank: int | None, line_no: int) -> None:
+        """Several ranks' records on one line: each keeps its own rank (its launcher
+        tag, else its rank field); the line's own tag belongs to the first only."""
+        for i, record in enumerate(records):
+            prefix = strip_prefixes(record, False)
+            rank = prefix.rank if prefix.rank is not None else (line_rank if i == 0 else None)
+            for point in self.parser.parse(prefix.body):
+                if rank is None and point.rank is None and i > 0:
+                    continue  # a glued record of an unknown rank: not this file's rank
+                self._add_loss(point, rank, line_no, None)
 
     def _loss_points(self, text: str, body: str) -> list[LossPoint]:
         if "\r" not in text:

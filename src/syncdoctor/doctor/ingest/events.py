@@ -17,13 +17,19 @@ Kinds (``Event.kind``):
   crash          a process died abnormally: the exception ending a traceback, a
                  segfault, a fatal signal, a kernel launch that failed
   oom            out of host or device memory (CUDA, NPU, DefaultCPUAllocator, OOM killer)
-  mismatch       ranks disagreed: collective mismatch, DDP reducer errors,
-                 HCCL parameter inconsistency (EI0005), the playbook's GRADIENT_SYNC line
+  mismatch       ranks disagreed: collective mismatch, DDP reducer errors (parameters
+                 that did not receive gradients), Horovod's stalled-tensor report
+                 (a subset of ranks submitted a collective), HCCL parameter
+                 inconsistency (EI0005), the playbook's GRADIENT_SYNC line
   configuration  the setup is wrong: device busy or in use, address in use, bad rank
-                 table, invalid usage, duplicate GPU
+                 table, invalid usage, duplicate GPU, a MindSpore cluster role or
+                 node count that does not match the launch
   exit           a launcher saw a process end: torchrun ChildFailedError and its
                  summary block, msrun "Worker process ... exit with exception",
                  "kill all other workers", srun/mpirun exit codes
+  overflow       mixed precision skipped a step for inf/NaN gradients, or the loss
+                 scale reached its floor (DeepSpeed, apex, MindSpore loss-scale
+                 cells); whether that is warm-up or a fault is for the rules
   info           notable but not a failure: NCCL communicator set-up lines (benign),
                  the playbook's "[WARNING] Loss shows abnormal fluctuation" line
                  (kept as info, not benign: it is a symptom the doctor weighs)
@@ -44,6 +50,7 @@ EVENT_KINDS = (
     "mismatch",
     "configuration",
     "exit",
+    "overflow",
     "info",
 )
 
@@ -78,6 +85,8 @@ RULES: tuple[Rule, ...] = (
     # that finished, not a failed link.
     Rule("ms_socket_closed_ok", "network", ("errno: 0 success",), benign=True),
     Rule("ms_analyzing", "info", ("analyzing exception log",), benign=True),
+    # InfiniBand subnet-manager notices NCCL relays as WARN: the port stays up.
+    Rule("nccl_ib_reregistration", "network", ("client reregistration",), benign=True),
     Rule(
         "cann_advice",
         None,
@@ -99,6 +108,14 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("nccl_info_retry", "retry", ("nccl info",), _re(r"NCCL INFO .{0,400}?\bretry")),
     Rule("nccl_info_abort", "exit", ("nccl info",), _re(r"NCCL INFO .{0,400}?\babort")),
+    # NCCL's proxy service thread sees a local peer process close its connection:
+    # that process ended (crashed or was killed) before the others.
+    Rule(
+        "nccl_peer_closed",
+        "exit",
+        ("connection closed by localrank",),
+        _re(r"Connection closed by localRank (?P<peer>\d+)"),
+    ),
     Rule(
         "nccl_info_comm",
         "info",
@@ -113,7 +130,9 @@ RULES: tuple[Rule, ...] = (
     Rule("gradient_sync", "mismatch", ("gradient_sync",)),
     Rule("loss_fluctuation", "info", ("abnormal fluctuation",)),
     Rule(
-        "collective_mismatch", "mismatch", ("mismatch between collectives", "collective mismatch")
+        "collective_mismatch",
+        "mismatch",
+        ("mismatch between collectives", "collective mismatch", "mismatched collective"),
     ),
     Rule(
         "ddp_reducer",
@@ -123,9 +142,25 @@ RULES: tuple[Rule, ...] = (
             "expected to mark a variable ready only once",
             "appears not to match sizes of the same param",
             "did not receive grad for rank",
+            "were not used in producing loss",
         ),
     ),
+    # Horovod: "One or more tensors were submitted to be reduced, gathered or
+    # broadcasted by subset of ranks ... Stalled ops: X [missing ranks: 1]"
+    Rule(
+        "horovod_stall",
+        "mismatch",
+        ("subset of ranks", "stalled ops", "missing ranks:", "ready ranks:"),
+    ),
     Rule("hccl_inconsistent", "mismatch", ("ei0005",)),
+    # --- mixed precision ----------------------------------------------------------------------
+    Rule(
+        "loss_scale",
+        "overflow",
+        ("overflow", "loss scale already at minimum"),
+        _re(r"overflow|loss scale already at minimum"),
+    ),
+    Rule("skip_counter", "overflow", ("skipped=",), _re(r"\bstep=\d+, skipped=\d+")),
     # --- memory -----------------------------------------------------------------------------
     Rule(
         "oom",
@@ -143,9 +178,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "timeout",
         "timeout",
-        ("timeout", "timed out", "time out", "times out"),
+        ("timeout", "timed out", "time out", "times out", "timing out"),
         # not configuration echoes such as "timeout=0:30:00", "Timeout(ms)=600000", "timeout_s"
-        _re(r"timed out|times out|time out\b|timeout(?!\s*[=(_]|s?\s*:\s*\d)"),
+        _re(r"timed out|times out|timing out|time out\b|timeout(?!\s*[=(_]|s?\s*:\s*\d)"),
     ),
     # --- launchers: processes ending -----------------------------------------------------------
     Rule("msrun_kill_all", "exit", ("kill all other workers",)),
@@ -195,6 +230,17 @@ RULES: tuple[Rule, ...] = (
             "duplicate gpu",
             "invalid device",
             "invalid rank",
+            # HCCP cannot start on an NPU still held by an earlier process (EJ0001's
+            # own reason; EJ0001 alone stays a network error)
+            "last training process is running",
+            # HCCL's listen socket on a port another process holds
+            "been using by other process",
+            # MindSpore cluster roles and node counts
+            "role name",
+            "could be redundant",
+            # the rank-table generator cannot read the NPUs' addresses
+            "hccn_tool",
+            "hccn.conf",
         ),
     ),
     # --- the transport ------------------------------------------------------------------------
@@ -226,10 +272,16 @@ RULES: tuple[Rule, ...] = (
             "ej0001",
             "socket",
             "distributed communication has failed",
+            # CANN: HCCL could not create the link to a peer NPU
+            "ei0009",
+            "transport init error",
         ),
     ),
     # --- processes dying ----------------------------------------------------------------------
     Rule("launch_kernel_failed", "crash", ("launch kernel failed",)),
+    # torchrun's "Signal 6 (SIGABRT) received by PID": under torch mostly the NCCL
+    # watchdog aborting a process after a timeout; an exit, not a crash of its own.
+    Rule("signal_abort", "exit", ("sigabrt",), _re(r"Signal 6 \(SIGABRT\) received")),
     Rule(
         "fatal_signal",
         "crash",
@@ -258,7 +310,9 @@ RULES: tuple[Rule, ...] = (
         "network",
         ("hccl", "hcom", "nccl", "gloo", "distributed"),
         _re(
-            r"\[ERROR\]\s*(?:HCCL|HCCP|DISTRIBUTED|GLOO)|NCCL WARN|NCCL error|nccl\w*Error|\bnccl\w+\s+failed"
+            r"\[ERROR\]\s*(?:HCCL|HCCP|DISTRIBUTED|GLOO)|NCCL error|nccl\w*Error|\bnccl\w+\s+failed"
+            # a NCCL WARN is a failure only when it says so (others are notices)
+            r"|NCCL WARN.{0,300}?(?:fail|error|timeout|timed out|abort|closed|refused|reset|unreachable)"
             r"|\b(?:hccl|hcom)\w{0,40}.{0,300}?\b(?:error|fail)|gloo.{0,300}?\berror"
         ),
     ),

@@ -8,6 +8,7 @@ framework, so formats nobody listed still parse:
     ... loss is Tensor(shape=[], dtype=Float32, value= 0.25)
     {'loss': 0.25, 'grad_norm': 1.2, 'learning_rate': 5e-05, 'epoch': 0.5}   (HF Trainer)
     12/100 [00:01<00:08, loss=0.25]                      (tqdm, Keras: step from the counter)
+    Epoch [1][50/1000]  lr: 1.0e-02, ..., loss: 0.25     (mmcv; mmengine's "Epoch(train) [1][50/1000]")
     iteration 100/500000 | lm loss: 7.6E+00 | grad norm: 2.3 |                (Megatron)
     step 3: 0.49                                         (bare "step N: value", no key)
 
@@ -44,7 +45,8 @@ _STEP_COLON = re.compile(r"\bstep\s*(\d+)\s*[:：]\s*(" + _NUM + r")(?![%/])", r
 # progress counters of tqdm and Keras: "12/100 [00:01<...", " 100/1875 [=====>..."
 _COUNTER = re.compile(r"(?<![\d./])(\d+)/(\d+)\s*\[")
 # MMEngine (mmdetection, mmpretrain ...): "Epoch(train)  [1][ 50/500]", "Iter(train) [  50/1000]"
-_MM_EPOCH = re.compile(r"\bEpoch\(train\)\s*\[\s*(\d+)\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")
+# ... and mmcv / DETR-style loggers: "Epoch [1][50/1000]", "Epoch: [0]  [  50/7393]"
+_MM_EPOCH = re.compile(r"\bEpoch(?P<engine>\(train\))?:?\s*\[\s*(\d+)\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")
 _MM_ITER = re.compile(r"\bIter\(train\)\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")
 _LIST_TAIL = re.compile(r"\s*,\s*[-+]?[\d.]")
 _EVAL_WORD = re.compile(
@@ -186,12 +188,14 @@ def _structure(body: str) -> list[_Spec]:
     loss_match: re.Match[str] | None = None
     loss_exact = False
     saw_eval = False
+    eval_at: int | None = None  # where the first evaluation key starts
     for m in _KV.finditer(body):
         field = _canonical(m.group("key"))
         if field is None:
             continue
         if field == _EVAL:
             saw_eval = True
+            eval_at = m.start() if eval_at is None else eval_at
             continue
         if m.group("pre") and _LIST_TAIL.match(body, m.end()):
             continue  # a list of values (per-parameter norms), not one number
@@ -212,6 +216,8 @@ def _structure(body: str) -> list[_Spec]:
         ]
     if loss_exact and _EVAL_WORD.search(body, 0, loss_match.start()):
         return []  # "Validation: epoch 1 loss 0.31" - an evaluation line
+    if eval_at is not None and eval_at < loss_match.start():
+        return []  # "validation loss at iteration 7000 | lm loss value: 7.17" (Megatron)
     if "train_runtime" in body:
         return []  # HF's end-of-training summary: train_loss is the run average
     fields: list[tuple[str, Span, Span | None]] = [("loss", *found["loss"])]
@@ -219,9 +225,9 @@ def _structure(body: str) -> list[_Spec]:
     if "step" in found:
         fields.append(("step", *found["step"]))
     elif mm := _MM_EPOCH.search(body):
-        fmt = "mmengine"
-        fields.append(("step", mm.span(2), mm.span(3)))
-        found.setdefault("epoch", (mm.span(1), None))
+        fmt = "mmengine" if mm.group("engine") else "mmcv"
+        fields.append(("step", mm.span(3), mm.span(4)))
+        found.setdefault("epoch", (mm.span(2), None))
     elif mm := _MM_ITER.search(body):
         fmt = "mmengine"
         fields.append(("step", mm.span(1), None))  # the total is the run's, not an epoch's
@@ -392,3 +398,36 @@ def global_steps(
         prev_raw, prev_epoch = raw, (epoch if epoch is not None else prev_epoch)
         out.append(raw + offset)
     return StepResult(out, warning)
+
+
+# Lines of several ranks glued together (unflushed stdout of processes sharing one
+# terminal): "rank 1 step 50 loss 5.9896rank 0 step 50 loss 0.6566", or a launcher
+# tag in mid-line: "step 50 loss 5.98[rank0]: step 50 loss 0.65".
+_RECORD_HEAD = re.compile(r"\s*([A-Za-z_]{2,20})\b")
+_MIDLINE_TAG = re.compile(r"\[(?:rank|default|worker)\d+\]:\s?|\[\d+,\d+\]<std(?:out|err)>:\s?")
+
+
+def split_records(body: str) -> list[str]:
+    """The records a line holds: one, or several when a record's first word (or a
+    launcher tag) reappears later in a line that carries the loss key twice."""
+    low = body.lower()
+    if low.count("loss") < 2:
+        return [body]
+    head = _RECORD_HEAD.match(body)
+    if head is None:
+        return [body]
+    word = head.group(1)
+    tags = {m.end(): m.start() for m in _MIDLINE_TAG.finditer(body, head.end())}
+    cuts = set(tags.values())
+    for m in re.finditer(re.escape(word) + r"\b", body[head.end():]):
+        at = head.end() + m.start()
+        # the word must start a record: glued to a number, or after a tag
+        if at in tags:
+            continue  # already cut at the tag before it
+        if body[at - 1].isdigit() or body[at - 1] in ".%)]":
+            cuts.add(at)
+    if not cuts:
+        return [body]
+    bounds = [0, *sorted(cuts), len(body)]
+    parts = [body[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [p for p in parts if p.strip()]

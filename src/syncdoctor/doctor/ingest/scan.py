@@ -47,8 +47,13 @@ EVENT_LITERALS = (
     "fail", "Fail", "exit", "Exit", "busy", "emory", "OOM",
     # the playbook's "[WARNING] Loss shows abnormal fluctuation ..."
     "luctuation",
-    # CANN error codes that start a line with no other keyword (EI0004, EI0005)
-    "EI0",
+    # CANN error codes that start a line with no other keyword (EI0004, EI0005, EJ0001)
+    "EI0", "EJ0",
+    # NCCL's "Duplicate GPU detected", Horovod's "Stalled ops" / "[missing ranks: 1]",
+    # DDP's "did not receive grad", loss-scale overflow (DeepSpeed, apex, MindSpore)
+    "uplicate", "talled", "issing rank", "not receive", "verflow", "VERFLOW",
+    # MindSpore: "This node could be redundant and is not successfully registered"
+    "edundant",
 )  # fmt: skip
 
 

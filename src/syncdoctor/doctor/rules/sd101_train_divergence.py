@@ -8,6 +8,7 @@ from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
 
 BLOW_UP = 5.0  # the peak over the starting loss that healthy training never reaches
+NOT_RECOVERED = 0.9  # the last quarter still at 90 % of the starting loss or above
 
 
 class TrainDivergence(Rule):
@@ -65,8 +66,9 @@ class TrainDivergence(Rule):
             return None
         start, peak = float(np.min(mean[:3])), float(np.max(mean))
         tail = float(np.median(mean[-max(3, len(mean) // 4):]))
-        # Blown up far above where it started, and never came back to learning.
-        if start > 0 and peak > BLOW_UP * start and tail > 0.5 * start:
+        # Blown up far above where it started, and never came back below its start:
+        # a run that came back and learns again did recover, whatever its peak.
+        if start > 0 and peak > BLOW_UP * start and tail >= NOT_RECOVERED * start:
             return (f"the loss blew up from {start:.3g} to {peak:.3g} and never recovered "
                     f"(last quarter {tail:.3g}): the step size is too large for the model")
         return None

@@ -3,11 +3,16 @@ from __future__ import annotations
 from collections import defaultdict
 
 from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.ingest.meaning import duplicate_device
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule, fmt_ranks
 
 _DEVICE_WORDS = ("already in use", "is busy", "device busy", "invalid device", "no cuda gpus",
-                 "device_id", "device id")
+                 "device_id", "device id", "duplicate gpu",
+                 # HCCP cannot start: the NPU is still held by an earlier process (EJ0001)
+                 "ej0001", "last training process is running")
+# Ports, not devices: "Address already in use" is a launch problem (SD203).
+_NOT_DEVICE = ("address already in use", " port ", "port[", "port:")
 
 
 class DeviceCollision(Rule):
@@ -46,11 +51,20 @@ class DeviceCollision(Rule):
                 if len(owners) > 1:
                     evidence.append(f"{var}={value} on {fmt_ranks(owners)} of host {host or '?'}")
                     ranks.update(owners)
+        shared: dict[str, set[int]] = defaultdict(set)
         for event in ev.events_of("configuration"):
-            if any(word in event.raw.lower() for word in _DEVICE_WORDS):
+            low = event.raw.lower()
+            if any(word in low for word in _DEVICE_WORDS) and not any(w in low for w in _NOT_DEVICE):
                 evidence.append(f"{event.source}:{event.line}: {event.raw[:200]}")
-                if event.rank is not None:
+                if (dup := duplicate_device(event.raw)) is not None:
+                    shared[dup[2]].update(dup[:2])
+                elif event.rank is not None:
                     ranks.add(event.rank)
+        for device, owners in shared.items():
+            # NCCL's own account of the rank-to-device mapping: two ranks, one GPU.
+            evidence.insert(0, f"NCCL: {fmt_ranks(owners)} are all on CUDA device {device}: several processes "
+                               "drive one GPU (device chosen without the local rank)")
+            ranks.update(owners)
         if not evidence:
             return None
-        return self.found(0.85, evidence[:8], ranks=sorted(ranks))
+        return self.found(0.9 if shared else 0.85, evidence[:8], ranks=sorted(ranks))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.ingest.meaning import first_process_failure
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule, fmt_ranks
 
@@ -61,9 +62,11 @@ class CommunicationFault(Rule):
                 confidence = 0.5
                 evidence.append(f"{fmt_ranks(finished)} finished normally while the others still waited for "
                                 "them: the ranks did not make the same number of collectives")
-            if ev.first_failure is not None:
-                confidence = 0.45  # a peer crashed first: the timeouts are its consequence
-                evidence.append(f"but {ev.first_failure.source} shows a {ev.first_failure.kind} first")
+            crashed_first = first_process_failure(ev.events)
+            if crashed_first is not None:
+                confidence = 0.45  # a peer died first: the timeouts are its consequence
+                evidence.append(f"but {crashed_first.source}:{crashed_first.line} shows a process ending first "
+                                f"({crashed_first.kind}): the timeouts are its consequence")
             return self.found(confidence, evidence, ranks=silent or ranks, step=first.step)
         return self.found(0.3, [f"{len(retries)} retries/reconnects; first: {retries[0].source}:{retries[0].line}: "
                                 f"{retries[0].raw[:180]}",

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.ingest.meaning import first_process_failure, peer_closed
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule, fmt_ranks
 
@@ -13,6 +14,9 @@ class ProcessCrash(Rule):
     **Symptom:** one rank's log ends with a traceback (out of memory, an exception,
     a signal); every other rank fails later with timeouts or "connection closed"
     errors that blame the network (forum: 部分进程异常退出; check every train.log).
+    NCCL's "Connection closed by localRank N", msrun's "worker exits with
+    exception, kill all other workers" and torchrun's negative exit codes say the
+    same: a process ended before the others.
 
     **Cause:** the first failing rank's own error — OOM, a bug on a rank-specific
     path, a killed process — not the communication library.
@@ -32,7 +36,13 @@ class ProcessCrash(Rule):
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        first = ev.first_failure
+        first = first_process_failure(ev.events)
+        if first is None and ev.first_failure is not None:
+            # a crash after the first timeout: likely a consequence of it
+            first = ev.first_failure
+            consequence = True
+        else:
+            consequence = False
         if first is None:
             early = [r for r in ev.ended_early if r not in {e.rank for e in ev.real_events}]
             if ev.records is not None and early and len(early) < len(ev.ranks):
@@ -40,12 +50,27 @@ class ProcessCrash(Rule):
                                          "and left no error (killed: SIGKILL, OOM killer?)"], ranks=early,
                                   step=min(int(ev.step_counts.get(r, 0)) for r in early))
             return None
-        own_error = not any(w in first.raw.lower() for w in _PEER_LOSS)
-        confidence = 0.9 if first.kind == "oom" else (0.75 if own_error else 0.4)
-        evidence = [f"first failure: rank {first.rank if first.rank is not None else '?'}: "
-                    f"{first.source}:{first.line}: {first.raw[:200]}"]
+        low = first.raw.lower()
+        peer = peer_closed(first.raw)
+        own_error = not any(w in low for w in _PEER_LOSS)
+        if consequence:
+            confidence = 0.4
+        elif first.kind == "oom":
+            confidence = 0.9
+        elif peer is not None or first.kind == "exit":
+            confidence = 0.8
+        else:
+            confidence = 0.75 if own_error else 0.4
+        who = f"rank {first.rank}" if first.rank is not None else "rank ?"
+        if peer is not None:
+            evidence = [f"first failure: NCCL saw local rank {peer}'s process close its connection "
+                        f"({first.source}:{first.line}): that process ended before the others"]
+        else:
+            evidence = [f"first failure: {who}: {first.source}:{first.line}: {first.raw[:200]}"]
+        if consequence:
+            evidence.append("but a communication timeout came before it: the crash may be its consequence")
         others = [e for e in ev.events_of("timeout", "network", "watchdog") if e.rank != first.rank]
-        if others:
+        if others and not consequence:
             evidence.append(f"then {len(others)} communication errors on "
                             f"{fmt_ranks({e.rank for e in others if e.rank is not None}) or 'other ranks'}: consequences, not causes")
         return self.found(confidence, evidence, ranks=[first.rank] if first.rank is not None else [],

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.rules.base import Rule
+
+# What launchers and communicators say when the job's layout is wrong.
+_LAUNCH_WORDS = {
+    "role name": "the process has no valid cluster role (started without the launcher that sets it)",
+    "could be redundant": "more processes joined the cluster than the configured worker count",
+    "been using by other process": "the communicator's port is held by another process",
+    "address already in use": "the rendezvous/communicator port is held by another process",
+    "rank table": "the rank table (cluster layout file) is invalid",
+    "ranktable": "the rank table (cluster layout file) is invalid",
+    "rank_table": "the rank table (cluster layout file) is invalid",
+    "ei0004": "HCCL rejected the rank table or the cluster configuration (EI0004)",
+    "hccn_tool": "the rank-table generator cannot read the NPUs' network addresses",
+    "hccn.conf": "the rank-table generator cannot read the NPUs' network addresses",
+}
+
+
+class LaunchConfiguration(Rule):
+    """The job's layout is wrong: roles, node counts, rank table, ports.
+
+    **Symptom:** the job fails at start-up with a cluster or rank-table error:
+    MindSpore's "Role name '' is invalid" or "This node could be redundant",
+    HCCL's EI0004 / a rank table with invalid entries, "Address already in use",
+    HCCL failing to listen on a port another process holds. Communication errors
+    that follow are consequences.
+
+    **Cause:** the launch configuration: the process was not started by the
+    launcher that sets its role, more workers than configured, a rank table that
+    does not describe the machines (device IPs, server count), a port in use.
+
+    **Quick check:** compare the launcher's worker count, MS_ROLE/RANK_TABLE_FILE,
+    MASTER_ADDR/PORT and the rank table with the machines actually used
+    (`syncdoctor preflight` checks rank tables).
+
+    **Fix:** launch with msrun/mpirun/torchrun as documented, make worker counts
+    match, regenerate the rank table from the hosts (`hccn_tool` device IPs), free
+    or change the port.
+    """
+
+    code = "SD203"
+    name = "launch-configuration"
+    category = "config.launch"
+    title = "The job's launch configuration is wrong"
+    fix = "Launch with the documented launcher, make the worker count match, regenerate the rank table from the real hosts, and free or change the port."
+    sources = ("logs",)
+
+    def evaluate(self, ev: Evidence) -> Finding | None:
+        hits: list[tuple[str, str]] = []
+        ranks: set[int] = set()
+        for event in ev.events_of("configuration"):
+            low = event.raw.lower()
+            meaning = next((m for w, m in _LAUNCH_WORDS.items() if w in low), None)
+            if meaning is None:
+                continue
+            hits.append((meaning, f"{event.source}:{event.line}: {event.raw[:200]}"))
+            if event.rank is not None:
+                ranks.add(event.rank)
+        if not hits:
+            return None
+        meanings = list(dict.fromkeys(m for m, _ in hits))
+        return self.found(0.85, meanings[:2] + [line for _, line in hits[:3]], ranks=sorted(ranks))
