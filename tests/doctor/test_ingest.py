@@ -535,8 +535,9 @@ EVENT_LINES = [
     ),
     ("EL0004: [PID: 1] 2026-11-29-10:00:00 Failed to allocate memory.", "oom", False),
     (
+        # the rendezvous store cannot be reached at all: the launch's address/port
         "[E socket.cpp:957] [c10d] The client socket has timed out after 1800s while trying to connect to (10.0.0.1, 29500).",
-        "timeout",
+        "configuration",
         False,
     ),
     ("ncclCommInitRank failed.", "network", False),

@@ -143,8 +143,11 @@ RULES: tuple[Rule, ...] = (
             "appears not to match sizes of the same param",
             "did not receive grad for rank",
             "were not used in producing loss",
+            "marked as ready twice",
         ),
     ),
+    # Horovod: "Mismatched ALLREDUCE tensor shapes", "... CPU/GPU device selection"
+    Rule("horovod_mismatch", "mismatch", ("mismatched allreduce", "mismatched allgather", "mismatched broadcast")),
     # Horovod: "One or more tensors were submitted to be reduced, gathered or
     # broadcasted by subset of ranks ... Stalled ops: X [missing ranks: 1]"
     Rule(
@@ -173,8 +176,19 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     # --- watchdogs and timeouts ---------------------------------------------------------------
+    # A CUDA fault reported by the watchdog thread ("watchdog thread terminated with
+    # exception: CUDA error: an illegal memory access") is the process's own crash.
+    Rule("cuda_error", "crash", ("cuda error",), _re(r"CUDA error: (?!out of memory|invalid device)")),
     Rule("watchdog", "watchdog", ("watchdog", "heartbeat monitor")),
     Rule("msrun_timeout_nodes", "timeout", ("time out nodes are",)),
+    # The rendezvous cannot be reached or found at all: a launch address, name or
+    # interface that is wrong (checked before the generic timeout).
+    Rule(
+        "rendezvous_unreachable",
+        "configuration",
+        ("trying to connect to", "failed to connect to", "rendezvousconnectionerror",
+         "no socket interface found", "name does not resolve", "can't resolve"),
+    ),
     Rule(
         "timeout",
         "timeout",

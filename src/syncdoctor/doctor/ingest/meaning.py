@@ -141,3 +141,41 @@ def first_process_failure(events: list[Event]) -> Event | None:
     if comm and any(_precedes(c, first) for c in comm):
         return None
     return first
+
+
+# Work that runs on one rank (or a few) while the others go on to a collective:
+# saving, evaluating, finishing, preprocessing data. Said in the log line just
+# before the survivors' collective timed out, it names the stall.
+_ONE_SIDED_WORK = re.compile(
+    r"\bsav(?:e|ing)\b.{0,40}?\b(?:checkpoint|model|weights|state)|\bcheckpoint\b.{0,20}?\bsav"
+    r"|\bevaluat(?:e|ing|ion)\b|\bvalidat(?:e|ing|ion)\b|\btesting\b|\.fit` stopped|training (?:finished|complete)"
+    r"|\b(?:map|tokeniz\w*|preprocess\w*|download\w*|indexing|init)\b.{0,200}?\d+%\|"
+    r"|\d+%\|.{0,200}?(?:MB/s|GB/s|examples/s|ba/s)",
+    re.IGNORECASE,
+)
+_NOT_ACTIVITY = re.compile(r"^\s*(?:File \"|frame #|Traceback|\w*Error|Exception raised|\.\.\.\s*$)|NCCL INFO")
+MAX_LOOKBACK_BYTES = 256 << 20
+
+
+def one_sided_work_before(source: str, line: int, lookback: int = 12) -> str | None:
+    """The line, among the few before ``line`` in ``source``, that says a rank was
+    busy with work of its own (saving, evaluating, preprocessing); None if none."""
+    import os
+    from collections import deque
+
+    try:
+        if os.path.getsize(source) > MAX_LOOKBACK_BYTES:
+            return None
+        window: deque[str] = deque(maxlen=lookback)
+        with open(source, encoding="utf-8", errors="replace") as f:
+            for number, text in enumerate(f, start=1):
+                if number >= line:
+                    break
+                if text.strip() and not _NOT_ACTIVITY.search(text):
+                    window.append(text.rstrip("\n"))
+    except OSError:
+        return None
+    for text in reversed(window):
+        if _ONE_SIDED_WORK.search(text):
+            return text.strip()
+    return None

@@ -16,6 +16,12 @@ _LAUNCH_WORDS = {
     "ei0004": "HCCL rejected the rank table or the cluster configuration (EI0004)",
     "hccn_tool": "the rank-table generator cannot read the NPUs' network addresses",
     "hccn.conf": "the rank-table generator cannot read the NPUs' network addresses",
+    "trying to connect to": "the workers cannot reach the rendezvous store at the configured master address/port",
+    "failed to connect to": "the workers cannot reach the rendezvous store at the configured master address/port",
+    "rendezvousconnectionerror": "the workers cannot reach the rendezvous endpoint",
+    "no socket interface found": "the socket-interface setting (NCCL_SOCKET_IFNAME) matches no usable interface",
+    "name does not resolve": "the master's host name does not resolve",
+    "can't resolve": "the master's host name does not resolve",
 }
 
 

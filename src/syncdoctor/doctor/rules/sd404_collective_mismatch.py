@@ -8,6 +8,10 @@ from syncdoctor.doctor.rules.base import Rule, fmt_ranks
 # What the libraries say when ranks did not issue the same collectives.
 _CONTROL_FLOW = ("mismatch between collectives", "mismatched collective", "expected to have finished reduction",
                  "did not receive grad", "were not used in producing loss",
+                 # DDP: a parameter's gradient hook fired twice (reentrant checkpointing)
+                 "mark a variable ready only once", "marked as ready twice",
+                 # Horovod: the ranks asked for the same collective with different tensors
+                 "mismatched allreduce", "mismatched allgather", "mismatched broadcast",
                  "unused parameters", "find_unused_parameters", "collective sequence number",
                  "opcount", "different sequence",
                  # Horovod: a subset of ranks submitted a tensor the others never did
