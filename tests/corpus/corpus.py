@@ -80,9 +80,25 @@ def import_batch(text: str, directory: Path = CASES_DIR) -> list[str]:
     return written
 
 
+
+
+def table_markdown(cases: list[Case]) -> str:
+    """The corpus as a markdown table (one row per case), for docs/corpus.md."""
+    rows = ["| case | split | framework | confirmed category (accepted) | confirmed by | source | why |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for c in sorted(cases, key=lambda c: (c.categories[0], c.id)):
+        accepted = c.categories[0] + (f" ({', '.join(c.categories[1:])})" if len(c.categories) > 1 else "")
+        why = c.why.replace("|", "\\|")
+        rows.append(f"| `{c.id}` | {c.split} | {c.framework} | {accepted} | {c.confirmed} | [link]({c.url}) | {why} |")
+    return "\n".join(rows) + "\n"
+
+
 if __name__ == "__main__":
     import sys
 
+    if sys.argv[1:2] == ["--table"]:
+        print(table_markdown(load_cases()), end="")
     for path in sys.argv[1:]:
-        ids = import_batch(Path(path).read_text(encoding="utf-8"))
-        print(f"{path}: {len(ids)} cases")
+        if path != "--table":
+            ids = import_batch(Path(path).read_text(encoding="utf-8"))
+            print(f"{path}: {len(ids)} cases")
