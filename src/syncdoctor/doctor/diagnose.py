@@ -15,7 +15,7 @@ from syncdoctor.records import RecordError, read_run
 from syncdoctor.records.reader import is_run_dir
 
 # Categories that say "not the collaboration between cards".
-NOT_SYNC = {"healthy", "train.divergence", "hparam.lr_scaling"}
+NOT_SYNC = {"healthy", "train.divergence", "hparam.lr_scaling", "config.launch"}
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 MAX_MISSING_ROWS = 1024  # absent ranks listed one row each; more become one warning
 

@@ -214,10 +214,12 @@ def _structure(body: str) -> list[_Spec]:
             _Spec("step_colon", (("step", m.span(1), None), ("loss", m.span(2), None)))
             for m in _STEP_COLON.finditer(body)
         ]
-    if loss_exact and _EVAL_WORD.search(body, 0, loss_match.start()):
-        return []  # "Validation: epoch 1 loss 0.31" - an evaluation line
+    if _EVAL_WORD.search(body, 0, loss_match.start()):
+        # "Validation: epoch 1 loss 0.31", Megatron's "validation loss at iteration
+        # 7000 | lm loss value: 7.17": an evaluation line
+        return []
     if eval_at is not None and eval_at < loss_match.start():
-        return []  # "validation loss at iteration 7000 | lm loss value: 7.17" (Megatron)
+        return []  # an evaluation key ("val_acc: 0.9, loss: ...") before the loss
     if "train_runtime" in body:
         return []  # HF's end-of-training summary: train_loss is the run average
     fields: list[tuple[str, Span, Span | None]] = [("loss", *found["loss"])]
