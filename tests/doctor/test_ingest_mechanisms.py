@@ -11,7 +11,12 @@ from pathlib import Path
 from syncdoctor.doctor.diagnose import diagnose
 from syncdoctor.doctor.ingest import ingest_logs
 from syncdoctor.doctor.ingest.losses import split_records
-from syncdoctor.doctor.ingest.meaning import duplicate_device, loss_scale, peer_closed, stalled_ranks
+from syncdoctor.doctor.ingest.meaning import (
+    duplicate_device,
+    loss_scale,
+    peer_closed,
+    stalled_ranks,
+)
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus" / "cases"
 # the entry point as installed (``python -m syncdoctor.cli`` runs the module as
