@@ -127,3 +127,20 @@ def test_diagnose_reads_a_pasted_log_from_standard_input():
     assert b'"category": "env.device"' in run.stdout and b"stdin.log" in run.stdout
     empty = subprocess.run([*CLI, "diagnose", "-"], input=b"", capture_output=True, timeout=120)
     assert empty.returncode == 2 and len(empty.stderr.strip().splitlines()) == 1
+
+
+def _series_log(tmp_path, values) -> Path:
+    path = tmp_path / "train.log"
+    path.write_text("".join(f"step {i} loss {v}\n" for i, v in enumerate(values, start=1)))
+    return path
+
+
+def test_a_blow_up_that_came_back_and_still_learns_is_not_a_divergence(tmp_path):
+    values = [1.0, 1.0, 1.0, 9.0, 12.0, 6.0] + [0.95 - 0.01 * i for i in range(40)]
+    assert not [f for f in diagnose([_series_log(tmp_path, values)]).findings if f.code == "SD101"]
+
+
+def test_a_blow_up_that_stopped_learning_says_so_without_contradiction(tmp_path):
+    values = [1.0, 1.0, 1.0, 9.0, 12.0, 6.0] + [0.93 + 0.001 * (i % 3) for i in range(40)]
+    (finding,) = [f for f in diagnose([_series_log(tmp_path, values)]).findings if f.code == "SD101"]
+    assert "stopped learning" in finding.evidence[0] and "never" not in finding.evidence[0]

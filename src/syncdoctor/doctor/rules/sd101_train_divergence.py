@@ -8,7 +8,7 @@ from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
 
 BLOW_UP = 5.0  # the peak over the starting loss that healthy training never reaches
-NOT_RECOVERED = 0.9  # the last quarter still at 90 % of the starting loss or above
+STILL_LEARNING = 0.05  # the last quarter's second half 5 % below its first half: still learning
 
 
 class TrainDivergence(Rule):
@@ -65,10 +65,18 @@ class TrainDivergence(Rule):
         if len(mean) < 10:
             return None
         start, peak = float(np.min(mean[:3])), float(np.max(mean))
-        tail = float(np.median(mean[-max(3, len(mean) // 4):]))
-        # Blown up far above where it started, and never came back below its start:
-        # a run that came back and learns again did recover, whatever its peak.
-        if start > 0 and peak > BLOW_UP * start and tail >= NOT_RECOVERED * start:
-            return (f"the loss blew up from {start:.3g} to {peak:.3g} and never recovered "
+        last = mean[-max(6, len(mean) // 4):]
+        tail = float(np.median(last))
+        if not (start > 0 and peak > BLOW_UP * start and tail > 0.5 * start):
+            return None
+        # Blown up far above where it started and not learning since: the last
+        # quarter is no lower at its end than at its start. A run that came back and
+        # still goes down did recover, whatever its peak.
+        half = len(last) // 2
+        if float(np.median(last[half:])) < (1 - STILL_LEARNING) * float(np.median(last[:half])):
+            return None
+        if tail >= start:
+            return (f"the loss blew up from {start:.3g} to {peak:.3g} and never came back below its start "
                     f"(last quarter {tail:.3g}): the step size is too large for the model")
-        return None
+        return (f"the loss blew up from {start:.3g} to {peak:.3g}, came down to {tail:.3g} and stopped "
+                "learning there (flat last quarter): the step size is too large for the model")
