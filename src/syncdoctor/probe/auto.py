@@ -234,6 +234,22 @@ def _remember(refs: list[weakref.ref[Any]]) -> Callable[[Callable[..., Any]], Ca
     return make
 
 
+def _make_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+            _safe(_capture_loss, tensors)
+        return original(tensors, *args, **kwargs)
+
+    return backward
+
+
+def capture_backward_losses() -> None:
+    """Record the scalar each backward() receives as the loss of the active probes:
+    zero-code mode, and integrations for frameworks that compute the loss out of the
+    user's sight (the Hugging Face Trainer). Installed once; idempotent."""
+    _wrap(torch.autograd, "backward", _make_backward)
+
+
 def install() -> None:
     if _state["installed"] or not dist.is_available():
         return
@@ -271,14 +287,6 @@ def install() -> None:
 
         return __init__
 
-    def make_backward(original: Callable[..., Any]) -> Callable[..., Any]:
-        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
-                _safe(_capture_loss, tensors)
-            return original(tensors, *args, **kwargs)
-
-        return backward
-
     def make_scaler_step(original: Callable[..., Any]) -> Callable[..., Any]:
         def _maybe_opt_step(self: Any, optimizer: Any, optimizer_state: Any, *args: Any, **kwargs: Any) -> Any:
             probe = _safe(_scaler_before, self, optimizer)
@@ -292,7 +300,7 @@ def install() -> None:
     _wrap(dist, "init_process_group", make_init)
     _wrap(dist, "destroy_process_group", make_destroy)
     _wrap(DistributedDataParallel, "__init__", make_ddp_init)
-    _wrap(torch.autograd, "backward", make_backward)
+    capture_backward_losses()
     _wrap(GradScaler, "_maybe_opt_step", make_scaler_step)
     _wrap(DataLoader, "__init__", _remember(_loaders))
     _wrap(_Loss, "__init__", _remember(_loss_modules))
