@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -37,6 +38,7 @@ class ZooRun:
     finals: dict[int, str]  # rank -> sha256 of the final state_dict
     seconds: float
     output: str
+    cpu_s: float | None = None  # user+system CPU of every process the run started
     diagnosis: dict[str, Any] | None = None
     diagnose_code: int | None = None
 
@@ -68,8 +70,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(command: list[str], log: Path) -> tuple[int, float]:
-    start = time.monotonic()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run(command: list[str], log: Path) -> tuple[int, float, float]:
+    start, cpu = time.monotonic(), _children_cpu()
     with open(log, "wb") as out:
         proc = subprocess.Popen(command, cwd=PROGRAMS_DIR, env=_env(), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -80,7 +87,7 @@ def _run(command: list[str], log: Path) -> tuple[int, float]:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             code = -9
-    return code, time.monotonic() - start
+    return code, time.monotonic() - start, _children_cpu() - cpu
 
 
 def diagnose_json(folder: Path) -> tuple[int, dict[str, Any] | None]:
@@ -117,10 +124,10 @@ def launch(root: Path, program: str, bug: str, mode: str) -> ZooRun:
     command = launcher_command(program, args)
     if mode == "zero":
         command = [*SYNCDOCTOR, "run", "--out", str(folder), "--check-every", str(CHECK_EVERY), "--", *command]
-    code, seconds = _run(command, out / "output.log")
+    code, seconds, cpu_s = _run(command, out / "output.log")
     finals = {int(f.stem.removeprefix("final")): f.read_text().strip() for f in final.glob("final*.sha256")}
     run = ZooRun(program, bug, mode, folder, code, finals, seconds,
-                 (out / "output.log").read_text(errors="replace")[-4000:])
+                 (out / "output.log").read_text(errors="replace")[-4000:], cpu_s)
     if mode != "plain":
         run.diagnose_code, run.diagnosis = diagnose_json(folder)
     if os.environ.get("SYNCDOCTOR_ZOO_DIR"):
