@@ -50,6 +50,14 @@ BOTH = (0, 1)
 K = CHECK_EVERY
 
 LH = "https://github.com/Lightning-AI/pytorch-lightning"
+LR_GAP = {
+    "zero": "SD501 init_mismatch ranked first (0.95) over SD601: the weights were equal until the first update "
+            "(zero-code takes the initial fingerprint when it binds at the first optimizer step); the snapshots "
+            "hold lr 0.05 on both ranks, the step records lr 0.2 vs 0.05 from step 1",
+    "attach": "SD501 init_mismatch (0.8) and no SD601 at all: the snapshots (attached at on_train_start) hold "
+              "equal init_param_fp and lr 0.05 on both ranks; from the step-1 check config_fp and param differ "
+              "and the step records hold lr 0.2 (rank 0) vs 0.05 (rank 1); the lr changed after attach",
+}
 SCENARIOS: dict[tuple[str, str], Expected] = {
     ("lightning", ""): HEALTHY,
     ("lightning", "no_dist_sampler"): Expected(
@@ -63,11 +71,13 @@ SCENARIOS: dict[tuple[str, str], Expected] = {
     ("lightning", "lr_rank0"): Expected(
         "sync_problem", "optim.state_mismatch", (1, 1), BOTH,
         "a tuned lr applied to the optimizer in a `@rank_zero_only` hook",
-        f"{LH}/pull/15304, https://github.com/huggingface/accelerate/issues/94"),
+        f"{LH}/pull/15304, https://github.com/huggingface/accelerate/issues/94",
+        LR_GAP),
     ("lightning-torchrun", ""): HEALTHY,
     ("lightning-torchrun", "lr_rank0"): Expected(
         "sync_problem", "optim.state_mismatch", (1, 1), BOTH,
-        "as above, under torchrun", f"{LH}/pull/15304"),
+        "as above, under torchrun", f"{LH}/pull/15304",
+        LR_GAP),
     ("hf-trainer", ""): HEALTHY,
     ("hf-trainer", "label_smoothing_rank1"): Expected(
         "sync_problem", "loss.definition_mismatch", (1, 1), BOTH,
@@ -93,7 +103,8 @@ SCENARIOS: dict[tuple[str, str], Expected] = {
     ("accelerate", "unprepared_model"): Expected(
         "sync_problem", "sync.incomplete_reduce", (1, 1), BOTH,
         "the model left out of `accelerator.prepare`: no DDP, gradients never averaged",
-        "https://github.com/huggingface/accelerate/issues/2316"),
+        "https://github.com/huggingface/accelerate/issues/2316",
+        {"zero": "SD501 init_mismatch ranked over SD401: the zero-code probe now exists from the first backward (weights equal then), but init_param_fp is computed at bind_optimizer, after step 1's update; records: reduce_ratio 1.0 on both ranks at step 1"}),
     ("ddp-resnet", ""): HEALTHY,
     ("ddp-resnet", "no_sampler"): Expected(
         "sync_problem", "data.sharding", None, BOTH,
@@ -102,11 +113,14 @@ SCENARIOS: dict[tuple[str, str], Expected] = {
     ("ddp-resnet", "no_broadcast_bn"): Expected(
         "sync_problem", "model.buffer_divergence", (2, 5), BOTH,
         "`DDP(broadcast_buffers=False)` without SyncBatchNorm",
-        "https://github.com/open-mmlab/mmdetection/issues/2539, https://github.com/pytorch/pytorch/issues/13711"),
+        "https://github.com/open-mmlab/mmdetection/issues/2539, https://github.com/pytorch/pytorch/issues/13711",
+        {"*": "SD503 gives no step: buffer_fp is equal at the step-1 check and first differs at the step-5 check"}),
     ("ddp-resnet", "eval_rank0"): Expected(
         "sync_problem", "model.mode_mismatch", (8, 10), (0,),
         "rank 0 validates after step 7 (`model.eval()`), the loop never calls `model.train()` again",
-        "https://github.com/shubhamagarwal92/mmd/issues/14"),
+        "https://github.com/shubhamagarwal92/mmd/issues/14",
+        {"*": "SD502 names ranks 0 and 1, but train_mode singles rank 0 out: 0/21 modules in train mode on rank 0 "
+              "vs 21/21 on rank 1 at the step-10 check (a training step taken in eval mode)"}),
     ("allreduce", ""): HEALTHY,
     ("allreduce", "sum_grads"): Expected(
         "sync_problem", "sync.reduce_op", None, BOTH,
@@ -119,5 +133,6 @@ SCENARIOS: dict[tuple[str, str], Expected] = {
     ("allreduce", "skip_spike"): Expected(
         "sync_problem", "sync.step_misalignment", (10, 15), (0,),
         "a per-rank loss-spike guard skips `optimizer.step()` on the rank whose loss rose",
-        "https://github.com/huggingface/accelerate/issues/94"),
+        "https://github.com/huggingface/accelerate/issues/94",
+        {"*": "SD402 names ranks 0 and 1, but the counters single rank 0 out: at the step-10 check micro 2 vs 1, backward 11 vs 10 (rank 0 ran a backward without a step); end records step 18 vs 20"}),
 }
