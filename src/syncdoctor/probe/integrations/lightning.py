@@ -1,8 +1,10 @@
 """PyTorch Lightning: `Trainer(callbacks=[SyncDoctorCallback("runs/job42")])`.
 
-The probe attaches at `on_train_start`, after Lightning wrapped the module in DDP and
-built the optimizers, before the first update; the loss Lightning passes to
-`backward` is recorded at `on_before_backward`. The probe is closed at teardown,
+The probe attaches when the first training batch starts: Lightning has wrapped the
+module in DDP and built the optimizers, every `on_fit_start`/`on_train_start` hook of
+the user's has run (one that changes a learning rate is seen in the snapshot), and no
+update has happened. The loss Lightning passes to `backward` is recorded at
+`on_before_backward`. The probe is closed at teardown,
 also when training raises."""
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class _SyncDoctorCallback:
         self.probe_options = probe_options
         self.probe: Any = None
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self.probe is not None:
             return
         from syncdoctor.probe.core import attach
