@@ -50,11 +50,6 @@ BOTH = (0, 1)
 K = CHECK_EVERY
 
 LH = "https://github.com/Lightning-AI/pytorch-lightning"
-LR_GAP = {
-    "attach": "verdict healthy although every live check from step 1 is a param+config mismatch and the step "
-              "records hold lr 0.2 (rank 0) vs 0.05 (rank 1); the snapshots (attached at on_train_start, before "
-              "the lr was changed in the module's own on_train_start) hold lr 0.05 on both",
-}
 SCENARIOS: dict[tuple[str, str], Expected] = {
     ("lightning", ""): HEALTHY,
     ("lightning", "no_dist_sampler"): Expected(
@@ -68,13 +63,16 @@ SCENARIOS: dict[tuple[str, str], Expected] = {
     ("lightning", "lr_rank0"): Expected(
         "sync_problem", "optim.state_mismatch", (1, 1), BOTH,
         "a tuned lr applied to the optimizer in a `@rank_zero_only` hook",
-        f"{LH}/pull/15304, https://github.com/huggingface/accelerate/issues/94",
-        LR_GAP),
+        f"{LH}/pull/15304, https://github.com/huggingface/accelerate/issues/94"),
     ("lightning-torchrun", ""): HEALTHY,
+    ("lightning-torchrun", "no_dist_sampler"): Expected(
+        "sync_problem", "data.sharding", None, BOTH, "as above, under torchrun", f"{LH}/issues/8562"),
+    ("lightning-torchrun", "eval_rank0"): Expected(
+        "sync_problem", "model.mode_mismatch", (9, 10), (0,), "as above, under torchrun",
+        "https://github.com/shubhamagarwal92/mmd/issues/14"),
     ("lightning-torchrun", "lr_rank0"): Expected(
         "sync_problem", "optim.state_mismatch", (1, 1), BOTH,
-        "as above, under torchrun", f"{LH}/pull/15304",
-        LR_GAP),
+        "as above, under torchrun", f"{LH}/pull/15304"),
     ("hf-trainer", ""): HEALTHY,
     ("hf-trainer", "label_smoothing_rank1"): Expected(
         "sync_problem", "loss.definition_mismatch", None, BOTH,
