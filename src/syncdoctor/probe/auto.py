@@ -19,6 +19,7 @@ results, the same exceptions and the same exit code.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
 import inspect
@@ -116,10 +117,9 @@ class _ParamsView(torch.nn.Module):
         return iter(self._named)
 
 
-def _find_module(optimizer: torch.optim.Optimizer) -> torch.nn.Module:
-    """The root module whose parameters the optimizer updates (once, at the first step
-    of a hand-written data-parallel loop, so a scan of live objects is affordable)."""
-    wanted = {id(p) for g in optimizer.param_groups for p in g["params"]}
+def _module_holding(wanted: set[int]) -> torch.nn.Module | None:
+    """The root module that holds every parameter in `wanted` (ids), the smallest such
+    (once per process, so a scan of live objects is affordable)."""
     modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
     children = {id(c) for m in modules for c in m.children()}
     best: tuple[int, int, torch.nn.Module] | None = None
@@ -132,7 +132,63 @@ def _find_module(optimizer: torch.optim.Optimizer) -> torch.nn.Module:
             best = (overlap, -len(ids), module)
     if best is not None and best[0] == len(wanted):
         return best[2]
-    return _ParamsView(optimizer)
+    return None
+
+
+def _find_module(optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+    """The root module whose parameters the optimizer updates (at the first step of a
+    hand-written data-parallel loop)."""
+    wanted = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    return _module_holding(wanted) or _ParamsView(optimizer)
+
+
+def _graph_parameters(loss: torch.Tensor, limit: int = 100_000) -> set[int]:
+    """Ids of the leaf tensors requiring grad that `loss` was computed from (its
+    autograd graph's AccumulateGrad nodes)."""
+    found: set[int] = set()
+    seen: set[int] = set()
+    stack = [loss.grad_fn]
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            found.add(id(variable))
+        stack.extend(fn for fn, _ in getattr(node, "next_functions", ()))
+    return found
+
+
+def _probe_before_first_backward(loss: torch.Tensor) -> bool:
+    """A loop without DDP: create the probe at the first backward, before it runs, so
+    the first iteration is measured in full (its local gradients before the
+    hand-written all-reduce, the parameters before any update). The optimizer is
+    bound at its first step."""
+    _state["early_tried"] = True
+    wanted = _graph_parameters(loss)
+    module = _module_holding(wanted) if wanted else None
+    if module is None:
+        return False
+    probe = _new_probe(module)
+    probe.created_at_backward = True  # type: ignore[attr-defined]
+    probe.backward = _state["backward_calls"] - 1  # this backward is counted by the probe's own hook
+    probe.on_backward_call(loss)
+    return True
+
+
+def _discard(probe: core.Probe) -> None:
+    """Drop a probe created at the first backward that turned out to watch another
+    model than the one the first optimizer step updates (it has written nothing)."""
+    for handle in [*probe._handles, *probe._local_norm_handles, probe._forward_handle]:
+        if handle is not None:
+            handle.remove()
+    probe._local_norm_handles = []
+    probe.closed = True
+    probe.writer.close()
+    if probe in core._active:
+        core._active.remove(probe)
+    atexit.unregister(probe._close_at_exit)
 
 
 def _latest(refs: list[weakref.ref[Any]], prefer: Callable[[Any], bool]) -> Any:
@@ -166,6 +222,8 @@ def _probe_for_optimizer(optimizer: torch.optim.Optimizer, create: bool) -> tupl
             return probe, True
     if not create or any(p.owns(optimizer) for p in core._active) or not _is_rank():
         return None, False  # a second optimizer of a watched model, or not a rank
+    for probe in [p for p in core._active if p.optimizer is None and getattr(p, "created_at_backward", False)]:
+        _discard(probe)
     probe = _new_probe(_find_module(optimizer))
     probe.backward = _state["backward_calls"]  # the backward passes before this first step
     _bind(probe, optimizer)
@@ -189,6 +247,9 @@ def _on_any_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> No
 # ---------------------------------------------------------------------- loss and AMP
 def _capture_loss(loss: torch.Tensor) -> None:
     _state["backward_calls"] += 1
+    first = not core._active and not _state.get("early_tried") and _state["installed"]
+    if first and loss.grad_fn is not None and _is_rank() and _probe_before_first_backward(loss):
+        return
     if core._active:
         for probe in core._active:
             probe.on_backward_call(loss)
@@ -234,6 +295,22 @@ def _remember(refs: list[weakref.ref[Any]]) -> Callable[[Callable[..., Any]], Ca
     return make
 
 
+def _make_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+            _safe(_capture_loss, tensors)
+        return original(tensors, *args, **kwargs)
+
+    return backward
+
+
+def capture_backward_losses() -> None:
+    """Record the scalar each backward() receives as the loss of the active probes:
+    zero-code mode, and integrations for frameworks that compute the loss out of the
+    user's sight (the Hugging Face Trainer). Installed once; idempotent."""
+    _wrap(torch.autograd, "backward", _make_backward)
+
+
 def install() -> None:
     if _state["installed"] or not dist.is_available():
         return
@@ -271,14 +348,6 @@ def install() -> None:
 
         return __init__
 
-    def make_backward(original: Callable[..., Any]) -> Callable[..., Any]:
-        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
-                _safe(_capture_loss, tensors)
-            return original(tensors, *args, **kwargs)
-
-        return backward
-
     def make_scaler_step(original: Callable[..., Any]) -> Callable[..., Any]:
         def _maybe_opt_step(self: Any, optimizer: Any, optimizer_state: Any, *args: Any, **kwargs: Any) -> Any:
             probe = _safe(_scaler_before, self, optimizer)
@@ -292,7 +361,7 @@ def install() -> None:
     _wrap(dist, "init_process_group", make_init)
     _wrap(dist, "destroy_process_group", make_destroy)
     _wrap(DistributedDataParallel, "__init__", make_ddp_init)
-    _wrap(torch.autograd, "backward", make_backward)
+    capture_backward_losses()
     _wrap(GradScaler, "_maybe_opt_step", make_scaler_step)
     _wrap(DataLoader, "__init__", _remember(_loaders))
     _wrap(_Loss, "__init__", _remember(_loss_modules))

@@ -187,15 +187,36 @@ class _AfterImport:
         return spec
 
 
+PROCS_DIR = os.path.join(".syncdoctor", "procs")  # in the run folder: which processes imported torch
+
+
+def note_process(kind: str) -> None:
+    """Leave a marker RUN_DIR/.syncdoctor/procs/{kind}.{pid} (one small file, once per
+    process that imports the framework), so that `syncdoctor run` can tell, when no
+    rank attached, whether any process got as far as importing it."""
+    folder = run_dir()
+    if not folder:
+        return
+    try:
+        path = os.path.join(folder, PROCS_DIR)
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, f"{kind}.{os.getpid()}"), "w") as fh:
+            fh.write(" ".join(sys.argv)[:2000] + "\n")
+    except OSError:
+        pass
+
+
 def _install_torch() -> None:
     from syncdoctor.probe import auto
 
+    note_process("torch")
     auto.install()
 
 
 def _install_mindspore() -> None:
     from syncdoctor.probe import mindspore
 
+    note_process("mindspore")
     every = os.environ.get(CHECK_EVERY_ENV)
     mindspore.install_autoattach(run_dir(), check_every=int(every) if every else 10)
 

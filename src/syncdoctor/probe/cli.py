@@ -172,8 +172,33 @@ def run_command(command: list[str], out: Path, check_every: int | None = None,
     left = _reap_orphans(REAP_WAIT_S)
     meta.update({"end": time.time(), "returncode": code, "still_running": left})
     (out / "run.json").write_text(json.dumps(meta, indent=1))
-    print(f"syncdoctor: records and logs in {out}; next: syncdoctor diagnose {out}", file=sys.stderr)
+    print(f"syncdoctor: {attach_report(out)}", file=sys.stderr)
     return code if code >= 0 else 128 - code  # killed by a signal: as a shell reports it
+
+
+def attach_report(out: Path) -> str:
+    """The closing line of `syncdoctor run`: where the records are, or, when no rank
+    attached, that nothing was recorded and what the markers say about why."""
+    records = sorted((out / "records").glob("rank*.jsonl"))
+    if records:
+        line = f"records and logs in {out}; next: syncdoctor diagnose {out}"
+        if len(records) == 1:
+            line += (" (one rank attached: nothing to compare it with; did the launcher start one"
+                     " process only?)")
+        return line
+    marked = [p.name.split(".")[0] for p in (out / boot.PROCS_DIR).glob("*.*")]
+    frameworks = sorted(set(marked))
+    if not marked:
+        why = ("no process of the command imported torch or MindSpore: is it a Python training "
+               "program, and do its processes inherit PYTHONPATH (a container or ssh to other hosts "
+               "does not)?")
+    else:
+        why = (f"{len(marked)} process(es) imported {' and '.join(frameworks)} but none became a rank: "
+               "none started a process group nor took an optimizer step with a launcher's RANK set. "
+               "A launcher that starts one process (e.g. `accelerate launch --cpu`, which ignores "
+               "--num_processes unless --multi_gpu is given) or a run that ended before its first "
+               "step looks like this.")
+    return f"no rank attached, nothing was recorded in {out}: {why}"
 
 
 def _run(args: argparse.Namespace) -> int:

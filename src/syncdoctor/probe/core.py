@@ -226,7 +226,8 @@ class Probe:
         measured iterations: a module with no hooks keeps torch's fast call path."""
         wanted = self._measuring
         if wanted and self._forward_handle is None:
-            self._forward_handle = self.module.register_forward_pre_hook(self._on_forward_start)
+            self._forward_handle = self.module.register_forward_pre_hook(self._on_forward_start,
+                                                                         with_kwargs=True)
         elif not wanted and self._forward_handle is not None:
             self._forward_handle.remove()
             self._forward_handle = None
@@ -322,24 +323,27 @@ class Probe:
         if not self.disabled:
             self._auto_losses.append(loss.detach())
 
-    def _on_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    def _on_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         # Inside DDP's forward, after it broadcast rank 0's buffers: the moment buffers must match.
         if not self.disabled:
-            self._guard(self._measure_forward_start, module, args)
+            self._guard(self._measure_forward_start, module, args, kwargs)
 
-    def _measure_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    def _measure_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...],
+                               kwargs: dict[str, Any]) -> None:
         if self._measuring and self._buffer_fp is None:
             if self._detailed or self._buffers is None:  # listing them walks every module
                 self._buffers = [b for b in module.buffers() if b.is_floating_point()]
             buffers = self._buffers
             self._buffer_fp = combine(fingerprints(buffers, cache=self._views, kind="buffer")) if buffers else None
-        if self._measuring and not self._data_fps and args and isinstance(args[0], torch.Tensor):
+        if self._measuring and not self._data_fps and torch.is_grad_enabled():
             # The input itself identifies the batch when the script reports no ids (at
             # check steps only: the hash reads every byte, and two ranks fed the same
-            # batches are fed them at every step).
-            x = args[0]
-            self._input_fps.append(ids_fingerprint(x))
-            self._input_samples += int(x.shape[0]) if x.dim() else 1
+            # batches are fed them at every step). A forward without grad (an
+            # evaluation inside the step) is not the training batch.
+            x = _model_input(args, kwargs)
+            if x is not None:
+                self._input_fps.append(ids_fingerprint(x))
+                self._input_samples += int(x.shape[0]) if x.dim() else 1
 
     def _activation_hook(self, name: str) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -557,6 +561,19 @@ class Probe:
             pass
 
 
+def _model_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The tensor that identifies a forward's batch: the first positional tensor (also
+    inside a (x, y) batch tuple, as Lightning passes it), else a keyword input
+    (`input_ids`, as the Hugging Face Trainer calls the model)."""
+    for value in (*args[:1], kwargs.get("input_ids"), kwargs.get("pixel_values"), kwargs.get("input"),
+                  kwargs.get("x")):
+        if isinstance(value, (tuple, list)) and value:
+            value = value[0]
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
 FP16_SAMPLE = 256  # values per gradient tensor looked at
 
 
@@ -595,6 +612,18 @@ def probe_for_module(module: torch.nn.Module) -> Probe | None:
     return None
 
 
+def unwrap_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside a framework's wrapper (accelerate's
+    AcceleratedOptimizer, Lightning's LightningOptimizer): the wrapper's step calls
+    the inner one's, whose step hooks are the ones that fire."""
+    for _ in range(4):
+        inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer) or inner is optimizer:
+            break
+        optimizer = inner
+    return optimizer
+
+
 def attach(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
            enabled: bool = True, **kwargs: Any) -> Probe | NullProbe:
     """Attach the probe in one line; see Probe for the options. Under `syncdoctor run`
@@ -603,6 +632,7 @@ def attach(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = Non
     if not enabled or os.environ.get("SYNCDOCTOR_DISABLE"):
         return NullProbe()
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    optimizer = unwrap_optimizer(optimizer)
     existing = probe_for_module(model)
     if existing is not None:
         for name in ("loss_fn", "loader", "global_batch"):
