@@ -44,7 +44,7 @@ def test_sd406_reduce_settings_differing_on_one_rank(tmp_path: Path) -> None:
     assert healthy.verdict == "healthy" and not healthy.findings
 
 
-def test_sd903_nan_on_one_rank_first(tmp_path: Path) -> None:
+def test_sd904_nan_on_one_rank_first(tmp_path: Path) -> None:
     nan = {1: {}}
     run = write_run(tmp_path / "nan", [{}, {}], step_fields=nan)
     path = run / "records" / "rank1.jsonl"
@@ -55,7 +55,7 @@ def test_sd903_nan_on_one_rank_first(tmp_path: Path) -> None:
             rec["loss"], rec["nonfinite"] = None, {"loss": "nan"}
             lines[i] = json.dumps(rec)
     path.write_text("\n".join(lines) + "\n")
-    finding = next(f for f in diagnose([run]).findings if f.code == "SD903")
+    finding = next(f for f in diagnose([run]).findings if f.code == "SD904")
     assert finding.ranks == [1] and finding.step == 7 and finding.severity == "error"
 
 

@@ -81,7 +81,7 @@ def test_nan_on_one_rank_survives_the_round_trip(torchrun) -> None:
     assert nan_rows.height and int(nan_rows["step"].min()) == 12
     diag = diagnose([out])
     assert diag.verdict != "healthy"
-    nonfinite = next(f for f in diag.findings if f.code == "SD903")
+    nonfinite = next(f for f in diag.findings if f.code == "SD904")
     assert nonfinite.ranks == [1] and nonfinite.step == 12 and nonfinite.severity == "error"
     assert json.dumps(diag.to_json())  # the report stays serialisable with NaN in it
 
@@ -89,4 +89,4 @@ def test_nan_on_one_rank_survives_the_round_trip(torchrun) -> None:
 def test_nan_on_every_rank_is_not_healthy(torchrun) -> None:
     diag = diagnose([torchrun("--steps", "20", "--nan-at", "all:8")])
     assert diag.verdict != "healthy"
-    assert any(f.code == "SD903" and f.step == 8 for f in diag.findings)
+    assert any(f.code == "SD904" and f.step == 8 for f in diag.findings)

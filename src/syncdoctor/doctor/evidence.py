@@ -391,6 +391,34 @@ class Evidence:
         return any(c.get("detail", {}).get("buffers_differ_unsynced") for c in self.checks)
 
     @cached_property
+    def first_unsynced_buffer_step(self) -> int | None:
+        """The first check step at which buffers nothing keeps in sync differed."""
+        if self.has_records and "buffer_fp" in self.steps.columns:
+            per_step = (self.steps.filter(pl.col("buffer_fp").is_not_null()).group_by("step")
+                        .agg(pl.col("buffer_fp").n_unique().alias("k")).filter(pl.col("k") > 1))
+            if per_step.height:
+                return int(per_step["step"].min())
+        # Only the live check saw it: an ok block that covers several checks says no more
+        # than its last step.
+        steps = [c["step"] for c in self.checks if c.get("detail", {}).get("buffers_differ_unsynced")]
+        return min(steps) if steps else None
+
+    @cached_property
+    def hyperparameter_drift(self) -> tuple[int, dict[int, Any]] | None:
+        """The first step at which the ranks' learning rates differ (a schedule or a
+        manual change applied on some ranks only): (step, {rank: lr})."""
+        if not self.has_records or "lr" not in self.steps.columns:
+            return None
+        per_step = (self.steps.filter(pl.col("lr").is_not_null()).group_by("step")
+                    .agg(pl.col("lr").n_unique().alias("k"), pl.len().alias("n"))
+                    .filter((pl.col("k") > 1) & (pl.col("n") > 1)).sort("step"))
+        if not per_step.height:
+            return None
+        step = int(per_step["step"][0])
+        at = self.steps.filter(pl.col("step") == step)
+        return step, dict(zip(at["rank"].to_list(), at["lr"].to_list(), strict=True))
+
+    @cached_property
     def incomplete_checks(self) -> list[dict[str, Any]]:
         return [c for c in self.checks if c.get("status") == "incomplete"]
 

@@ -49,7 +49,11 @@ def majority_outliers(values: dict[int, Any]) -> list[int]:
     return agreement(values).odd
 
 
-def describe_split(values: dict[int, Any], fmt: Any = str) -> str:
+def _compact(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def describe_split(values: dict[int, Any], fmt: Any = _compact) -> str:
     """The differing values side by side, per rank: `0.05 (rank 0) vs 0.0001 (ranks 1, 2)`."""
     groups: dict[str, list[int]] = {}
     for rank in sorted(values):

@@ -59,7 +59,8 @@ class IncompleteReduce(Rule):
         agreement, and the reduced gradients not fingerprinted since: a gradient that
         skipped its reduction is the likeliest cause, though not shown."""
         first_step = int(ev.steps["step"].min()) if ev.has_records else None
-        if ("param" not in div.what or div.step == first_step or ev.agree_after("grad", div.step) is not None
+        if ("param" not in div.what or "config" in div.what or ev.hyperparameter_drift is not None
+                or div.step == first_step or ev.agree_after("grad", div.step) is not None
                 or ev.differing("optimizer", "param_groups") or ev.differing("loss", "params")):
             return None
         evidence = [f"parameters part at step {div.step} on {fmt_ranks(div.ranks)} while step counters, modes "

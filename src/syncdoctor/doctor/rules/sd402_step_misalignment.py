@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import polars as pl
+
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.doctor.rules.base import Rule, fmt_ranks
 from syncdoctor.records.compare import agreement, describe_split
 
 
@@ -50,9 +52,27 @@ class StepMisalignment(Rule):
             evidence.append("micro-steps per update: " + describe_split(micro)
                             + ("" if split.has_majority else "; no majority to tell which rank is off"))
             ranks.update(split.odd)
+        off = self._off_their_rhythm(ev, step)
+        if off and len(off) < len(ranks):
+            # No majority between the ranks, but the job's own rhythm names the rank
+            # that ran a backward without a step (or a step without a backward).
+            evidence.append(f"{fmt_ranks(off)} left the run's usual rhythm of micro-steps per update at step {step}")
+            ranks = set(off)
         if div and {"param", "opt"} & set(div.what):
             evidence.append(f"parameters/optimizer state part at step {div.step}")
         elif div:
             evidence.append("parameters stay identical: the extra work is silent (only counters reveal it)")
         confidence = 0.6 if ev.overflow_disagreement else 0.9
         return self.found(confidence, evidence, ranks=sorted(ranks), step=step, tensor=div.tensor if div else None)
+
+    @staticmethod
+    def _off_their_rhythm(ev: Evidence, step: int | None) -> list[int]:
+        """Ranks whose micro-steps at `step` differ from what every rank does at most
+        steps (the mode over the whole run)."""
+        if step is None or not ev.has_records:
+            return []
+        usual = ev.steps["micro"].drop_nulls().mode()
+        if not usual.len():
+            return []
+        at = ev.steps.filter(pl.col("step") == step)
+        return sorted(int(r) for r, m in zip(at["rank"], at["micro"], strict=True) if m is not None and m != usual[0])

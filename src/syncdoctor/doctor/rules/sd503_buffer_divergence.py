@@ -34,7 +34,8 @@ class BufferDivergence(Rule):
         broadcast = ev.snapshot_values("ddp", "broadcast_buffers")
         if ev.unsynced_buffers_differ and any(v is False for v in broadcast.values()) and not (
                 div and {"param", "counter", "mode"} & set(div.what)):
-            return self.found(0.85, ["buffers (BatchNorm running statistics) differ across ranks",
+            step = ev.first_unsynced_buffer_step
+            return self.found(0.85, [f"buffers (BatchNorm running statistics) differ across ranks from step {step}",
                                      "DDP was built with broadcast_buffers=False, so nothing ever syncs them"],
-                              ranks=ev.ranks, severity="warning")
+                              ranks=ev.ranks, step=step, severity="warning")
         return None

@@ -41,6 +41,13 @@ class OptimizerStateMismatch(Rule):
             evidence.append("optimizer hyperparameters differ at start (snapshot before step 1): "
                             + "; ".join(hyperparameter_differences(groups)))
         div = ev.divergence
+        # A schedule ticks per update: ranks out of step show other learning rates too.
+        drift = ev.hyperparameter_drift if not (div and "counter" in div.what) else None
+        if drift is not None and not groups:
+            evidence.append(f"the learning rate differs across ranks from step {drift[0]}: "
+                            f"lr {describe_split(drift[1])} (changed on some ranks only)")
+        elif div is not None and "config" in div.what and not groups:
+            evidence.append(f"the optimizer/loss configuration differs across ranks at the check of step {div.step}")
         first_step = int(ev.steps["step"].min()) if ev.has_records else None
         # "The gradients agree" only where they were measured after the parting.
         state_only = (div is not None and {"param", "opt"} & set(div.what)
@@ -53,12 +60,16 @@ class OptimizerStateMismatch(Rule):
             return None
         if ev.overflow_disagreement:
             return None
-        direct = bool(groups or kinds)
-        ranks = agreement({r: repr(v) for r, v in (groups or kinds).items()}).odd if direct else []
+        direct = bool(groups or kinds or drift)
+        differing = groups or kinds or (drift[1] if drift else {})
+        ranks = agreement({r: repr(v) for r, v in differing.items()}).odd if direct else []
         if div is not None and div.ranks and not ranks:
             ranks = div.ranks
+        step = div.step if div else None
+        if drift is not None and not groups and (step is None or drift[0] < step):
+            step = drift[0]
         return self.found(0.95 if direct else 0.85, evidence, ranks=ranks,
-                          step=div.step if div else None, tensor=div.tensor if div else None, direct=direct)
+                          step=step, tensor=div.tensor if div else None, direct=direct)
 
 
 def hyperparameter_differences(groups: dict[int, Any]) -> list[str]:

@@ -26,7 +26,7 @@ class NonfiniteLoss(Rule):
     and empty masks; skip the update when gradients are not finite.
     """
 
-    code = "SD903"
+    code = "SD904"
     name = "nonfinite-loss"
     category = "numeric.overflow"
     title = "Loss became NaN/inf"
