@@ -448,6 +448,12 @@ class Evidence:
         if not self.has_records or "reduce_ratio" not in self.steps.columns:
             return []
         rows = self.steps.filter(pl.col("reduce_ratio").is_not_null())
+        div = self.divergence
+        if div is not None and "grad" in div.what:
+            # From the divergence on: a rank left out of the average after a fault was
+            # averaged normally before it.
+            later = rows.filter(pl.col("step") >= div.step)
+            rows = later if later.height >= 2 else rows
         if rows.height < 2:
             return []
         frac = rows.group_by("rank").agg(((pl.col("reduce_ratio") - 1).abs() < 1e-6).mean().alias("f"))

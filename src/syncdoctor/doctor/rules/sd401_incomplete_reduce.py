@@ -51,7 +51,12 @@ class IncompleteReduce(Rule):
             evidence.append(f"before the divergence: {event.source}:{event.line}: {event.raw[:160]}")
         # The rank whose gradients came out of the reduce untouched is the one left out:
         # evidence that names it even where no majority could (two ranks).
-        ranks = [r for r in ev.unreduced_ranks if r in div.ranks] or div.ranks
+        ranks = [r for r in ev.unreduced_ranks if r in div.ranks]
+        if not ranks or len(ranks) == len(div.ranks):
+            # Every rank averaged alone (two ranks): the one whose link failed before the
+            # divergence is the one left out.
+            struck = sorted({e.rank for e in comm if e.rank is not None and e.rank in div.ranks})
+            ranks = struck if struck and len(struck) < len(div.ranks) else div.ranks
         return self.found(0.9, evidence, ranks=ranks, step=div.step, tensor=div.tensor)
 
     def _unmeasured(self, ev: Evidence, div: Divergence) -> Finding | None:
