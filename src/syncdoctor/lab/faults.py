@@ -25,6 +25,10 @@ class Fault:
     not_on: ClassVar[dict[str, str]] = {"mindspore": "not yet measured on MindSpore (the script honours its knobs)"}
     # The variants `lab matrix` (and the doctor tests over it) run; None: all of them.
     matrix_variants: ClassVar[tuple[str, ...] | None] = None
+    # MindSpore: the lab's training styles (--style) where the fault cannot be built, and why;
+    # variants that exist only there (None: the same as `variants`).
+    ms_styles_not_on: ClassVar[dict[str, str]] = {}
+    ms_variants: ClassVar[tuple[str, ...] | None] = None
     sync: ClassVar[str | None] = None  # forces the data-parallel mode when set
     ends_in_error: ClassVar[bool] = False  # the run is expected to fail
 
@@ -34,6 +38,9 @@ class Fault:
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         """Change `plan` (one rank's) to inject the fault."""
+
+    def variants_for(self, framework: str) -> tuple[str, ...]:
+        return self.ms_variants if framework == "mindspore" and self.ms_variants is not None else self.variants
 
 
 class Clean(Fault):
@@ -63,6 +70,8 @@ class UnseededShuffle(Fault):
         'ranks, parameters identical, snapshot loader.seed null.'
     )
     frameworks = ("torch", "mindspore")
+    ms_styles_not_on = {"model": "Model.train feeds every dataset column to the network, so sample ids cannot "
+                                 "travel with the batch: the overlap this fault causes is invisible to a probe"}
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.shuffle_seed = None
@@ -113,10 +122,13 @@ class UnevenShards(Fault):
     )
     ends_in_error = True
     frameworks = ("torch", "mindspore")
+    # MindSpore: with drop_remainder=False (partial last batches) and with it True (the
+    # shards still hold different numbers of whole batches).
+    ms_variants = ("keep_remainder", "drop_remainder")
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.shard = "hash"
-        plan.drop_last = False
+        plan.drop_last = variant == "drop_remainder"
 
 
 class DuplicateRankId(Fault):
@@ -158,6 +170,9 @@ class GradAccumMisaligned(Fault):
     )
     variants = ("no_sync", "extra_update")
     frameworks = ("torch", "mindspore")
+    ms_styles_not_on = {
+        "cell": "TrainOneStepCell has no gradient accumulation: every call reduces and updates",
+        "model": "Model.train has no gradient accumulation: every step reduces and updates"}
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.accum_steps = 4
@@ -306,6 +321,9 @@ class Fp16Overflow(Fault):
     )
     variants = ("no_scaling", "local_skip")
     frameworks = ("torch", "mindspore")
+    ms_styles_not_on = {
+        "cell": "TrainOneStepWithLossScaleCell does not run on MindSpore's CPU backend (2.10)",
+        "model": "Model with a DynamicLossScaleManager does not run on MindSpore's CPU backend (2.10)"}
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.fp16_grads = True
