@@ -23,7 +23,7 @@ from syncdoctor.lab.mindspore_runner import pids_naming, run_mindspore_lab
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 COMMON = LAB_COMMON
-BOUND_S = 150.0
+BOUND_S = 240.0
 
 
 @pytest.fixture(scope="module")

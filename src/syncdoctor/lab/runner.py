@@ -88,7 +88,8 @@ def run_lab(fault: str, *, variant: str = "", world_size: int = 2, steps: int = 
     if framework == "mindspore":
         from syncdoctor.lab.mindspore_runner import run_mindspore_lab
 
-        ms = run_mindspore_lab(plans, out, timeout_s)
+        # msrun starts a scheduler beside the ranks, and each imports MindSpore (≈3× torch's start-up).
+        ms = run_mindspore_lab(plans, out, timeout_s + STARTUP_BUDGET_S)
         codes, timed_out = [ms["returncode"]], bool(ms["timed_out"])
     else:
         codes, timed_out = _run_torch(plans, out, timeout_s)

@@ -503,6 +503,8 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
             optimizer = _cb_get(cb, "optimizer")
             from syncdoctor.probe import mindspore_auto
 
+            if mindspore_auto.W.need_init:
+                mindspore_auto.take_init()
             init_fp = next((fp for ref, fp in mindspore_auto.W.optimizers if ref() is optimizer), None)
             mode = "GRAPH" if _ms().get_context("mode") == _ms().GRAPH_MODE else "PyNative"
             style = f"Model.train ({mode}, dataset_sink_mode={_cb_get(cb, 'dataset_sink_mode')})"
@@ -527,10 +529,12 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
             overflow, scale = None, None
             if isinstance(out, (tuple, list)) and len(out) >= 3:  # (loss, overflow, scale)
                 overflow, scale = bool(_float(out[1])), _float(out[2])
-            from syncdoctor.probe.mindspore_auto import _global_step
+            from syncdoctor.probe.mindspore_auto import _global_step, take_batches
 
             optimizer = _cb_get(cb, "optimizer")
-            self.probe.after_step(loss=out, overflow=overflow, loss_scale=scale,
+            micro, samples, data_fp = take_batches()  # what the dataset iterator handed out (non-sink mode)
+            self.probe.after_step(loss=out, overflow=overflow, loss_scale=scale, micro=micro, samples=samples,
+                                  data_fp=data_fp,
                                   opt_steps=_global_step(optimizer) if optimizer is not None else None)
         except Exception as exc:
             self.probe.event("exception", f"callback step failed: {exc!r}")

@@ -109,6 +109,7 @@ class _Watch:
         self.dataset: Any = None
         self.installed = False
         self.start_failed = False
+        self.need_init = False  # an optimizer was built and nothing has run since
         self.model_train_seen = False
 
 
@@ -273,7 +274,7 @@ def _start(opt: Any, kind: str | None, call: Any) -> None:
     loss_fn = None
     for root in roots:
         loss_fn = loss_fn or _find_loss(root)
-    loss_fn = loss_fn or W.loss_cell
+    loss_fn = loss_fn or W.loss_cell or _only_loss_cell()
     W.style = _style(opt, kind, call)
     every = os.environ.get(CHECK_EVERY_ENV)
     W.probe = MindSporeProbe(
@@ -286,6 +287,27 @@ def _start(opt: Any, kind: str | None, call: Any) -> None:
     print(f"syncdoctor: probe attached on rank {rank} to {W.style}; records in "
           f"{os.environ.get(RUN_DIR_ENV)}/records", file=sys.stderr, flush=True)
     atexit.register(_close)
+
+
+def _only_loss_cell() -> Any:
+    """The one loss Cell in the process, if there is exactly one (a step compiled whole
+    under @ms.jit shows Python nothing of it)."""
+    from mindspore import nn
+
+    found = [o for o in gc.get_objects() if isinstance(o, nn.LossBase)]
+    return found[0] if len(found) == 1 else None
+
+
+def take_batches() -> tuple[int, int | None, int | None]:
+    """(micro-steps, samples, data fingerprint) drawn for the step that just ended, from
+    the iterator that fed it; the counts start again."""
+    micro, samples = 1, None
+    if W.last_iter is not None and W.last_iter in W.iter_counts:
+        micro, samples = W.iter_counts[W.last_iter]
+        micro = max(1, micro)
+    data_fp = combine(W.data_fps) if W.data_fps else None
+    W.iter_counts, W.data_fps = {}, []
+    return micro, samples or None, data_fp
 
 
 def _is_optimizer(cell: Any) -> bool:
@@ -312,14 +334,10 @@ def _record(opt: Any, kind: str | None, now: int | None, call: Any, overflow: bo
         values = [float(np.asarray(v.asnumpy()).reshape(-1)[0]) for v in W.losses]
         loss = sum(values) / len(values)
     W.losses = []
-    micro, samples = 1, None
-    if W.last_iter is not None and W.last_iter in W.iter_counts:
-        micro, samples = W.iter_counts[W.last_iter]
-        micro = max(1, micro)
-    elif call is not None and call[0] is not opt and call[1]:
+    micro, samples, data_fp = take_batches()
+    if samples is None and call is not None and call[0] is not opt and call[1]:
         shape = getattr(call[1][0], "shape", None)
         samples = int(shape[0]) if shape else None
-    W.iter_counts = {}
     W.batches_without_step = 0
     if now is not None:
         W.last_global = now
@@ -340,8 +358,6 @@ def _record(opt: Any, kind: str | None, now: int | None, call: Any, overflow: bo
 
         scale = _float(W.scaler().scale_value)
     ids = rep.get("ids")
-    data_fp = combine(W.data_fps) if W.data_fps and ids is None else None
-    W.data_fps = []
     probe.after_step(loss=loss, grads=grads, grads_local=grads_local, batch_ids=ids, micro=micro,
                      samples=samples, overflow=rep.get("overflow", overflow), loss_scale=scale,
                      opt_steps=now, data_fp=data_fp)
@@ -370,6 +386,8 @@ def _patch_cell(nn: Any) -> None:
     optimizer_cls = nn.Optimizer
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if W.need_init and not W.depth:
+            _safe(take_init)
         W.depth += 1
         try:
             out = original(self, *args, **kwargs)
@@ -408,6 +426,8 @@ def _patch_jit() -> None:
     original = executor.__call__
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if W.need_init and not W.depth:
+            _safe(take_init)
         W.depth += 1
         try:
             out = original(self, *args, **kwargs)
@@ -437,10 +457,18 @@ def _patch_optimizer(nn: Any) -> None:
 
 
 def _saw_optimizer(opt: Any) -> None:
-    # Fingerprinted here, before any update: what every rank starts from.
-    fp = combine([array_fingerprint(p.asnumpy()) for p in opt.parameters])
-    W.optimizers.append((weakref.ref(opt), fp))
+    W.optimizers.append((weakref.ref(opt), None))
     W.cell_opt.clear()  # cells seen before may contain this one
+    W.need_init = True
+
+
+def take_init() -> None:
+    """What every rank starts from: the parameters each optimizer updates, fingerprinted
+    at the first call into MindSpore after it was built (before any update, after a
+    checkpoint the script loaded into the net)."""
+    W.need_init = False
+    W.optimizers = [(ref, fp if fp is not None else combine([array_fingerprint(p.asnumpy()) for p in ref().parameters]))
+                    for ref, fp in W.optimizers if ref() is not None]
 
 
 def _patch_iterator() -> None:
@@ -463,8 +491,6 @@ def _patch_iterator() -> None:
 
 
 def _saw_batch(iterator: Any, batch: Any) -> None:
-    if W.in_model_train:
-        return
     first = next(iter(batch.values())) if isinstance(batch, dict) else batch[0] if batch else None
     n = None
     shape = getattr(first, "shape", None)
@@ -486,7 +512,7 @@ def _saw_batch(iterator: Any, batch: Any) -> None:
     if probe is None or probe.is_check_step(probe.step + 1):
         arr = first.asnumpy() if hasattr(first, "asnumpy") else np.asarray(first)
         W.data_fps.append(array_fingerprint(arr))
-    if W.probe is None:
+    if W.probe is None and not W.in_model_train:
         W.batches_without_step += 1
         if W.batches_without_step >= NO_STEP_AFTER_BATCHES:
             _no_step_yet()
