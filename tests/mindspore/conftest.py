@@ -148,9 +148,9 @@ def ms_jobs(tmp_path_factory: pytest.TempPathFactory):
     import functools
 
     jobs = Jobs(tmp_path_factory.mktemp("msjobs"))
-    for name, env in ZERO_CODE.items():  # first: the must-shows
-        jobs.define(name, functools.partial(zero_code_run, env=env))
-    for name in LAB:
+    for name in LAB:  # in the order the test modules ask for them
         jobs.define(name, functools.partial(lab_run, name))
+    for name, env in ZERO_CODE.items():
+        jobs.define(name, functools.partial(zero_code_run, env=env))
     yield jobs
     jobs.pool.shutdown(wait=True)

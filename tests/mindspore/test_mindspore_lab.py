@@ -20,7 +20,7 @@ from conftest import LAB, LAB_COMMON  # type: ignore[import-not-found]
 from syncdoctor.lab.faults import plans_for
 from syncdoctor.lab.mindspore_runner import pids_naming, run_mindspore_lab
 
-pytestmark = [pytest.mark.mindspore, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.mindspore, pytest.mark.slow, pytest.mark.timeout(3000)]
 
 COMMON = LAB_COMMON
 BOUND_S = 240.0

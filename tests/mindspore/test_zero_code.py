@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import ZERO_CODE  # type: ignore[import-not-found]
 
-pytestmark = [pytest.mark.mindspore, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.mindspore, pytest.mark.slow, pytest.mark.timeout(3000)]
 
 STYLES = ("model", "cell", "functional")
 STYLE_LINE = {"model": "to Model.train (PyNative", "cell": "to train cell TrainOneStepCell (PyNative)",

@@ -60,7 +60,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 def cmd_list(args: argparse.Namespace) -> int:
     rows = [{"name": f.name, "description": f.description, "symptom": f.symptom, "category": f.category,
              "measured": f.measured, "variants": [v for v in f.variants if v], "frameworks": list(f.frameworks),
-             "ends_in_error": f.ends_in_error} for f in FAULTS.values()]
+             "ends_in_error": f.ends_in_error,
+             "mindspore_variants": [v for v in f.variants_for("mindspore") if v],
+             "mindspore_styles_not_on": dict(f.ms_styles_not_on)} for f in FAULTS.values()]
     if args.json:
         print(json.dumps(rows, indent=1, ensure_ascii=False))
         return 0

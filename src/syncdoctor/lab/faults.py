@@ -12,6 +12,11 @@ from typing import ClassVar
 
 from syncdoctor.lab.plan import RankPlan
 
+# Why the data faults that only sample ids reveal cannot be shown through Model.train.
+_NO_IDS_IN_MODEL_TRAIN = ("Model.train feeds every dataset column to the network, so sample ids cannot travel "
+                          "with the batch: which samples each rank reads, the only trace of this fault, "
+                          "never reaches a probe")
+
 
 class Fault:
     name: ClassVar[str]
@@ -70,8 +75,7 @@ class UnseededShuffle(Fault):
         'ranks, parameters identical, snapshot loader.seed null.'
     )
     frameworks = ("torch", "mindspore")
-    ms_styles_not_on = {"model": "Model.train feeds every dataset column to the network, so sample ids cannot "
-                                 "travel with the batch: the overlap this fault causes is invisible to a probe"}
+    ms_styles_not_on = {"model": _NO_IDS_IN_MODEL_TRAIN}
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.shuffle_seed = None
@@ -89,6 +93,8 @@ class ShuffleAfterShard(Fault):
         'seed.dataset_seed differs across ranks.'
     )
     frameworks = ("torch", "mindspore")
+
+    ms_styles_not_on = {"model": _NO_IDS_IN_MODEL_TRAIN}
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.shuffle_before_shard = False
