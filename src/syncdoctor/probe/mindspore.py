@@ -362,7 +362,7 @@ class MindSporeProbe:
                 grad_arrays = [_asnumpy(g) for g in grads]
                 record["grad_fp"] = combine([array_fingerprint(a) for a in grad_arrays])
                 record["grad_norm"] = _global_norm(grad_arrays)
-                record["grad_fp16"] = any(a.dtype == np.float16 for a in grad_arrays)
+                record["grad_fp16"] = _fp16_exact(grad_arrays)
                 local = _global_norm(grads_local)
                 if local is not None:
                     record["grad_norm_local"] = local  # the caller passes them unscaled
@@ -446,6 +446,25 @@ class MindSporeProbe:
         finally:
             self.writer.close()
             self.writer = None
+
+
+FP16_SAMPLE = 256  # values per gradient tensor looked at (as the torch probe)
+
+
+def _fp16_exact(grads: list[np.ndarray]) -> bool | None:
+    """Whether the gradients hold float16 values (computed or reduced in fp16), as the
+    torch probe decides it: a float32 value is fp16-representable with odds of ~2^-13."""
+    seen = 0
+    for g in grads:
+        if g.dtype == np.float16:
+            return True
+        if g.dtype != np.float32:
+            return None
+        sample = g.reshape(-1)[:FP16_SAMPLE]
+        if not np.array_equal(sample.astype(np.float16).astype(np.float32), sample):
+            return False
+        seen += int(np.count_nonzero(sample))  # zeros are exact in any precision: they prove nothing
+    return True if seen >= 64 else None
 
 
 def _global_norm(grads: Any) -> float | None:

@@ -119,7 +119,10 @@ W = _Watch()
 # --------------------------------------------------------------------------- the public one-liners
 def report(ids: Any = None, loss: Any = None, overflow: bool | None = None, loss_scale: float | None = None) -> None:
     """Optional, in a script run zero-code: sample ids, the loss, the loss scale or an
-    overflow for the step in progress (as the torch probe's probe.batch/loss/scale)."""
+    overflow for the step in progress (as the torch probe's probe.batch/loss/scale).
+    Does nothing where the probe is not installed."""
+    if not W.installed:
+        return
     for key, value in (("ids", ids), ("loss", loss), ("overflow", overflow), ("loss_scale", loss_scale)):
         if value is not None:
             if key == "ids" and "ids" in W.reported:
@@ -229,9 +232,10 @@ def _roots_owning(param: Any) -> list[Any]:
             nxt = []
             for d in dicts:
                 for ref in gc.get_referrers(d):
-                    if isinstance(ref, nn.Cell):
+                    kind = type(ref)  # not isinstance: a dead weak proxy raises on __class__
+                    if issubclass(kind, nn.Cell):
                         found.append(ref)
-                    elif isinstance(ref, dict):
+                    elif kind is dict:
                         nxt.append(ref)
             dicts = nxt
             if not dicts:
@@ -294,7 +298,8 @@ def _only_loss_cell() -> Any:
     under @ms.jit shows Python nothing of it)."""
     from mindspore import nn
 
-    found = [o for o in gc.get_objects() if isinstance(o, nn.LossBase)]
+    # type(), not isinstance: the collector also hands out weak proxies, dead ones included.
+    found = [o for o in gc.get_objects() if issubclass(type(o), nn.LossBase)]
     return found[0] if len(found) == 1 else None
 
 
@@ -321,7 +326,12 @@ def _record(opt: Any, kind: str | None, now: int | None, call: Any, overflow: bo
         if W.start_failed or (W.optimizer is not None and opt is not W.optimizer):
             return
         W.start_failed = True  # until _start returns: a probe that cannot start is not retried every step
-        _start(opt, kind, call)
+        try:
+            _start(opt, kind, call)
+        except Exception as exc:
+            print(f"syncdoctor: the probe could not attach on this rank ({type(exc).__name__}: {exc}); {FIX_LINE}",
+                  file=sys.stderr, flush=True)
+            return
         W.start_failed = False
     elif opt is not W.optimizer:
         return  # a second optimizer (a GAN's other half): the first one is watched
@@ -365,7 +375,12 @@ def _record(opt: Any, kind: str | None, now: int | None, call: Any, overflow: bo
 
 def _close() -> None:
     if W.probe is not None:
-        _safe(W.probe.close)
+        # An uncaught exception was printed (PyErr_Print sets sys.last_value) before atexit runs.
+        error = getattr(sys, "last_value", None)
+        if error is not None:
+            _safe(W.probe.close, "exception", f"{type(error).__name__}: {error}"[:2000])
+        else:
+            _safe(W.probe.close)
 
 
 def _no_step_yet(at_exit: bool = False) -> None:
