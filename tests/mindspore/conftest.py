@@ -149,7 +149,10 @@ def lab_run(name: str, out: Path) -> dict[str, Any]:
 def ms_jobs(tmp_path_factory: pytest.TempPathFactory):
     import functools
 
-    jobs = Jobs(tmp_path_factory.mktemp("msjobs"))
+    keep = os.environ.get("SYNCDOCTOR_MS_JOBS_DIR")  # to look at the runs afterwards
+    root = Path(keep) if keep else tmp_path_factory.mktemp("msjobs")
+    root.mkdir(parents=True, exist_ok=True)
+    jobs = Jobs(root)
     for name in LAB:  # in the order the test modules ask for them
         jobs.define(name, functools.partial(lab_run, name))
     for name, env in ZERO_CODE.items():

@@ -235,7 +235,7 @@ def _roots_owning(param: Any) -> list[Any]:
                     kind = type(ref)  # not isinstance: a dead weak proxy raises on __class__
                     if issubclass(kind, nn.Cell):
                         found.append(ref)
-                    elif kind is dict:
+                    elif issubclass(kind, dict):  # a cell's parameter dicts are OrderedDicts
                         nxt.append(ref)
             dicts = nxt
             if not dicts:
