@@ -137,7 +137,7 @@ def skipped(loss: Any = None, loss_scale: float | None = None) -> None:
         if W.optimizer is None:
             return
         report(loss=loss, overflow=True, loss_scale=loss_scale)
-        _record(W.optimizer, None, 0, None)
+        _record(W.optimizer, None, None, None)  # no update: the optimizer's counter stays where it was
     _safe(run)
 
 
