@@ -119,6 +119,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         console.print(f"{row.fault:26} {row.variant:13} seed {row.seed}: {row.top_category:26} {mark} "
                       f"({row.duration_s}s)", markup=False)
 
+    if args.style and args.framework != "mindspore":
+        raise InputError("--style applies to --framework mindspore only")
     if args.only:
         for name in args.only:
             _check_fault(name)
