@@ -1,76 +1,38 @@
-"""The MindSpore lab end to end: real msrun jobs with 2 CPU workers over loopback.
+"""The MindSpore lab end to end: real msrun jobs with 2 CPU workers over loopback, the
+probe attached zero-code by the runner (as `syncdoctor run` does).
 
-Every job runs once, two at a time, in a module-scoped fixture (a job costs 25-60 s
-here, mostly msrun start-up), and each test reads the records of its job. Whatever
-happens, no process naming the job's plan directory survives (the runner sweeps /proc).
+Every job runs once per session through the `ms_jobs` cache (conftest.py; a job costs
+25-60 s here, mostly msrun start-up), and each test reads the records of its job.
+Whatever happens, no process naming the job's plan directory survives (the runner
+sweeps /proc).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import LAB, LAB_COMMON  # type: ignore[import-not-found]
 
 from syncdoctor.lab.faults import plans_for
-from syncdoctor.lab.mindspore_runner import pids_naming, run_mindspore_lab, run_msrun
+from syncdoctor.lab.mindspore_runner import pids_naming, run_mindspore_lab
 
-pytestmark = [pytest.mark.mindspore, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.mindspore, pytest.mark.slow, pytest.mark.timeout(3000)]
 
-COMMON = {"steps": 60, "onset": 20, "pg_timeout_s": 8.0}  # 3 epochs of 22 steps
-JOBS: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "clean": ("clean", "", {}),
-    "init-mismatch": ("init-mismatch", "", {}),
-    "init-graph-broadcast": ("init-mismatch", "", {"extra": {"ms_mode": "graph", "parameter_broadcast": True}}),
-    "unseeded-shuffle": ("unseeded-shuffle", "", {}),
-    "shuffle-after-shard": ("shuffle-after-shard", "", {}),
-    "uneven-shards": ("uneven-shards", "", {}),
-    "grad-sum": ("grad-sum", "", {}),
-    "accum-no_sync": ("grad-accum-misaligned", "no_sync", {}),
-    "accum-extra_update": ("grad-accum-misaligned", "extra_update", {}),
-    "loss-hparam-mismatch": ("loss-hparam-mismatch", "", {}),
-    "optimizer-state-mismatch": ("optimizer-state-mismatch", "", {}),
-    "mode-mismatch": ("mode-mismatch", "", {}),
-    "fp16-no_scaling": ("fp16-overflow", "no_scaling", {}),
-    "fp16-local_skip": ("fp16-overflow", "local_skip", {}),
-    "rank-crash": ("rank-crash", "", {}),
-}
-BOUND_S = 150.0
-
-
-def _run(name: str, root: Path) -> dict[str, Any]:
-    fault, variant, extra = JOBS[name]
-    plans = plans_for(fault, variant, 2, **{**COMMON, **extra})
-    return run_mindspore_lab(plans, root / name, timeout_s=BOUND_S)
-
-
-def _autoattach(root: Path) -> dict[str, Any]:
-    """Model.train script with no probe line, under msrun, with our sitecustomize."""
-    out = root / "autoattach"
-    site = out / "site"
-    site.mkdir(parents=True)
-    (site / "sitecustomize.py").write_text(
-        "from syncdoctor.probe.mindspore import install_lazy_autoattach\ninstall_lazy_autoattach()\n")
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    script = Path(__file__).with_name("model_train_script.py")
-    return run_msrun(script, [str(out)], out, 2, BOUND_S, marker=str(out),
-                     env={"PYTHONPATH": path, "SYNCDOCTOR_RUN_DIR": str(out)})
+COMMON = LAB_COMMON
+BOUND_S = 420.0
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("mslab")
-    with ThreadPoolExecutor(2) as pool:
-        futures = {name: pool.submit(_run, name, root) for name in JOBS}
-        futures["autoattach"] = pool.submit(_autoattach, root)
-        results = {name: f.result() for name, f in futures.items()}
-    for name, result in results.items():
-        result["dir"] = root / name
-    return results
+def runs(ms_jobs) -> Any:
+    class Runs:
+        def __getitem__(self, name: str) -> dict[str, Any]:
+            return ms_jobs.get(name)
+
+    return Runs()
 
 
 def records(run: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
@@ -89,12 +51,19 @@ def snapshots(run: dict[str, Any]) -> dict[int, dict[str, Any]]:
 
 
 def first_diff(run: dict[str, Any], field: str) -> int | None:
+    """The first step where the ranks' values differ, among the steps where every rank
+    has one (fingerprints are taken at check steps: step 1 and every 10th)."""
     by_rank = steps(run)
     common = sorted(set.intersection(*(set(s) for s in by_rank.values())))
     for s in common:
-        if len({by_rank[r][s][field] for r in by_rank}) > 1:
+        values = [by_rank[r][s].get(field) for r in by_rank]
+        if None not in values and len(set(values)) > 1:
             return s
     return None
+
+
+def measured(run: dict[str, Any], rank: int = 0) -> list[int]:
+    return [s for s, x in steps(run)[rank].items() if "param_fp" in x]
 
 
 def checks(run: dict[str, Any], rank: int = 0) -> list[dict[str, Any]]:
@@ -106,7 +75,7 @@ def worker_logs(run: dict[str, Any]) -> str:
 
 
 # -- every job ---------------------------------------------------------------------------
-@pytest.mark.parametrize("name", [*JOBS, "autoattach"])
+@pytest.mark.parametrize("name", list(LAB))
 def test_no_worker_survives_and_bounded(runs: dict[str, Any], name: str) -> None:
     run = runs[name]
     assert not run["timed_out"], f"{name} hit the {BOUND_S}s bound"
@@ -120,7 +89,8 @@ def test_clean_replicas_bitwise_identical_and_accurate(runs: dict[str, Any]) -> 
     assert run["returncode"] == 0, worker_logs(run)[-3000:]
     by_rank = steps(run)
     assert len(by_rank) == 2 and len(by_rank[0]) == len(by_rank[1]) == 66
-    for s in by_rank[0]:
+    assert measured(run) == [1, 10, 20, 30, 40, 50, 60]
+    for s in measured(run):
         assert by_rank[0][s]["param_fp"] == by_rank[1][s]["param_fp"], s
         assert by_rank[0][s]["opt_fp"] == by_rank[1][s]["opt_fp"], s
     snaps = snapshots(run)
@@ -128,7 +98,8 @@ def test_clean_replicas_bitwise_identical_and_accurate(runs: dict[str, Any]) -> 
     assert snaps[0]["framework"] == "mindspore" and snaps[0]["seed"]["ms_seed"] == 0
     assert snaps[0]["ddp"]["gradients_mean"] is True
     assert snaps[0]["ddp"]["parallel_mode"] == "data_parallel"
-    assert {c["status"] for c in checks(run)} == {"ok"} and len(checks(run)) == 6
+    assert {c["status"] for c in checks(run)} == {"ok"} and len(checks(run)) == 7
+    assert snaps[0]["auto"] is True and snaps[0]["style"].startswith("functional")
     for r in run["ranks"]:
         assert r["accuracy"] >= 0.9, run["ranks"]
     ids0, ids1 = (set(r["epoch1_ids"]) for r in run["ranks"])
@@ -137,22 +108,11 @@ def test_clean_replicas_bitwise_identical_and_accurate(runs: dict[str, Any]) -> 
 
 
 # -- faults -------------------------------------------------------------------------------
-def test_init_mismatch_parts_replicas_from_the_first_step(runs: dict[str, Any]) -> None:
-    run = runs["init-mismatch"]
-    snaps = snapshots(run)
-    assert snaps[0]["init_param_fp"] != snaps[1]["init_param_fp"]
-    assert snaps[0]["seed"]["ms_seed"] is None  # nobody called ms.set_seed
-    assert first_diff(run, "param_fp") == 1
-    by_rank = steps(run)
-    assert all(by_rank[0][s]["param_fp"] != by_rank[1][s]["param_fp"] for s in by_rank[0])
-    first = checks(run)[0]
-    assert first["status"] == "mismatch" and "param" in first["what"] and first["tensor"] == "fc1.weight"
-
-
 def test_graph_mode_parameter_broadcast_hides_missing_seed(runs: dict[str, Any]) -> None:
     run = runs["init-graph-broadcast"]
     snaps = snapshots(run)
-    assert snaps[0]["init_param_fp"] != snaps[1]["init_param_fp"]  # built apart...
+    assert snaps[0]["init_param_fp_local"] != snaps[1]["init_param_fp_local"]  # built apart...
+    assert snaps[0]["init_param_fp"] is None  # (what the broadcast replaced is the local one)
     assert snaps[0]["ddp"]["parameter_broadcast"] is True and snaps[0]["ddp"]["mode"] == "GRAPH"
     assert first_diff(run, "param_fp") is None  # ...and broadcast at the first graph compile
 
@@ -161,7 +121,6 @@ def test_unseeded_shuffle_overlaps_shards(runs: dict[str, Any]) -> None:
     run = runs["unseeded-shuffle"]
     ids0, ids1 = (set(r["epoch1_ids"]) for r in run["ranks"])
     assert ids0 & ids1  # the two ranks' shards share samples, others are never seen
-    assert snapshots(run)[0]["loader"]["seed"] is None
     assert first_diff(run, "param_fp") is None
 
 
@@ -169,23 +128,30 @@ def test_shuffle_after_shard_seeds_differ(runs: dict[str, Any]) -> None:
     run = runs["shuffle-after-shard"]
     snaps = snapshots(run)
     assert snaps[0]["seed"]["dataset_seed"] != snaps[1]["seed"]["dataset_seed"]
-    assert snaps[0]["loader"]["shuffle_before_shard"] is False
     assert "ShuffleDataset" in snaps[0]["loader"]["pipeline"]
     ids0, ids1 = (set(r["epoch1_ids"]) for r in run["ranks"])
     assert not ids0 & ids1  # still disjoint: each rank keeps its own fixed block
 
 
-def test_uneven_shards_end_in_a_failed_allreduce(runs: dict[str, Any]) -> None:
-    run = runs["uneven-shards"]
+@pytest.mark.parametrize("name", ["uneven-keep", "uneven-drop"])
+def test_uneven_shards_end_in_a_failed_allreduce(runs: dict[str, Any], name: str) -> None:
+    run = runs[name]
     assert run["returncode"] != 0
     assert "AllReduce" in worker_logs(run)
     snaps = snapshots(run)
-    assert snaps[0]["loader"]["drop_last"] is False
+    assert snaps[0]["loader"]["drop_last"] is (name == "uneven-drop")
+    assert snaps[0]["loader"]["dataset_len"] != snaps[1]["loader"]["dataset_len"]  # shards of different sizes
+    ends = {r: recs[-1] for r, recs in records(run).items()}
+    # One rank ran out of batches and ended; the other's next AllReduce failed.
+    assert sorted(e.get("status") for e in ends.values()) == ["exception", "ok"], ends
+    if name == "uneven-keep":  # the last partial batches differ
+        sizes = {r: {x.get("samples") for x in s.values()} for r, s in steps(run).items()}
+        assert sizes[0] != sizes[1]
 
 
 def test_grad_sum_doubles_the_reduced_gradient(runs: dict[str, Any]) -> None:
     def ratio(run: dict[str, Any]) -> float:
-        values = sorted(x["reduce_ratio"] for x in steps(run)[0].values() if x["reduce_ratio"])
+        values = sorted(x["reduce_ratio"] for x in steps(run)[0].values() if x.get("reduce_ratio"))
         return values[len(values) // 2]
 
     assert snapshots(runs["grad-sum"])[0]["ddp"]["gradients_mean"] is False
@@ -219,18 +185,20 @@ def test_optimizer_state_mismatch_parts_at_onset(runs: dict[str, Any]) -> None:
     assert bad[0]["step"] == 20 and {"param", "opt"} <= set(bad[0]["what"])
 
 
-def test_mode_mismatch_shows_in_train_mode(runs: dict[str, Any]) -> None:
-    run = runs["mode-mismatch"]
+@pytest.mark.parametrize("name", ["mode-mismatch", "model-mode-mismatch"])
+def test_mode_mismatch_shows_in_train_mode(runs: dict[str, Any], name: str) -> None:
+    run = runs[name]
     assert first_diff(run, "train_mode") == 1
     by_rank = steps(run)
-    assert set(by_rank[1][1]["train_mode"]) == {"0"} and "1" in by_rank[0][1]["train_mode"]
+    assert by_rank[1][1]["train_mode"].startswith("0/") and not by_rank[0][1]["train_mode"].startswith("0/")
     assert first_diff(run, "param_fp") is None
 
 
 def test_fp16_without_scaling_is_configuration_only(runs: dict[str, Any]) -> None:
     run = runs["fp16-no_scaling"]
     snap = snapshots(run)[0]
-    assert snap["ddp"]["grad_dtype"] == "float16" and snap["ddp"]["loss_scale_manager"] is None
+    assert snap["ddp"]["loss_scale_manager"] is None
+    assert all(x["grad_fp16"] for x in steps(run)[0].values() if "grad_fp16" in x)  # reduced in float16
     assert first_diff(run, "param_fp") is None
 
 
@@ -240,7 +208,8 @@ def test_fp16_local_skip_parts_replicas(runs: dict[str, Any]) -> None:
     by_rank = steps(run)
     split = first_diff(run, "overflow")
     assert split is not None  # one rank skipped alone...
-    assert first_diff(run, "param_fp") == split  # ...and from there the replicas differ
+    parted = first_diff(run, "param_fp")
+    assert parted is not None and split <= parted <= split + 10  # ...and from there the replicas differ
     assert any(by_rank[0][s]["overflow"] for s in by_rank[0])
 
 
@@ -248,18 +217,15 @@ def test_rank_crash_fails_fast_and_leaves_nothing(runs: dict[str, Any]) -> None:
     run = runs["rank-crash"]
     assert run["returncode"] != 0
     assert "Allocate memory failed" in (Path(run["dir"]) / "worker_1.log").read_text(errors="replace")
-    assert run["duration_s"] < 100
+    assert not run["timed_out"]  # msrun ended the job itself (≈26 s after the crash here)
 
 
-def test_autoattach_records_model_train_without_code_change(runs: dict[str, Any]) -> None:
-    run = runs["autoattach"]
+def test_cell_style_lab_baseline(runs: dict[str, Any]) -> None:
+    run = runs["cell-clean"]
     assert run["returncode"] == 0, worker_logs(run)[-3000:]
-    by_rank = steps(run)
-    assert set(by_rank) == {0, 1} and len(by_rank[0]) == 16  # 2 epochs × 8 steps
-    assert all(by_rank[0][s]["param_fp"] == by_rank[1][s]["param_fp"] for s in by_rank[0])
-    snap = snapshots(run)[0]
-    assert snap["ddp"]["wrapper"] == "Model.train" and snap["loader"]["num_replicas"] == 2
-    assert {c["status"] for c in checks(run)} == {"ok"}
+    assert snapshots(run)[0]["style"] == "train cell TrainOneStepCell (PyNative)"
+    assert len(steps(run)[0]) == 66 and first_diff(run, "param_fp") is None
+    assert all(r["accuracy"] >= 0.9 for r in run["ranks"]), run["ranks"]
 
 
 def test_timeout_stops_msrun_and_its_workers(tmp_path: Path) -> None:
@@ -274,7 +240,7 @@ def test_probe_imports_without_torch() -> None:
     import subprocess
 
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import syncdoctor.probe.mindspore, syncdoctor.probe.fingerprint_np")
+            "import syncdoctor.probe.mindspore, syncdoctor.probe.mindspore_auto, syncdoctor.probe.fingerprint_np")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -282,7 +248,10 @@ def test_probe_imports_without_torch() -> None:
 # ----------------------------------------------------------------------------- the doctor
 # fp16 without scaling changes nothing measurable on this model (see its `measured`),
 # and GRAPH-mode broadcast is the fix, not a fault: neither has a root cause to find.
-DIAGNOSED = [n for n in JOBS if n not in ("init-graph-broadcast", "fp16-no_scaling")]
+# uneven-drop: with whole batches only, the two ranks' step records look alike until the
+# longer rank's last AllReduce fails; only the snapshots' shard sizes tell them apart, and no
+# rule compares those yet (see test_uneven_shards_end_in_a_failed_allreduce).
+DIAGNOSED = [n for n in LAB if n not in ("init-graph-broadcast", "fp16-no_scaling", "uneven-drop")]
 
 
 @pytest.mark.parametrize("name", DIAGNOSED)
@@ -290,7 +259,7 @@ def test_doctor_names_each_fault_and_clears_the_baseline(runs: dict[str, Any], n
     from syncdoctor.doctor.diagnose import diagnose
     from syncdoctor.lab.faults import FAULTS
 
-    fault = JOBS[name][0]
+    fault = LAB[name][0]
     diag = diagnose([runs[name]["dir"]])
     if fault == "clean":
         assert diag.verdict == "healthy", [(f.code, f.severity, f.evidence) for f in diag.findings]
@@ -298,34 +267,3 @@ def test_doctor_names_each_fault_and_clears_the_baseline(runs: dict[str, Any], n
         assert diag.findings, f"{name}: nothing found"
         assert diag.findings[0].category == FAULTS[fault].category, [
             (f.code, f.category, f.confidence) for f in diag.findings]
-
-
-def test_doctor_init_mismatch_points_at_the_seeds(runs: dict[str, Any]) -> None:
-    from syncdoctor.doctor.diagnose import diagnose
-
-    top = diagnose([runs["init-mismatch"]["dir"]]).findings[0]
-    assert top.category in ("model.init_mismatch", "data.seed")
-    assert top.step == 0
-    assert "ms.set_seed" in top.fix and "ds.config.set_seed" in top.fix
-
-
-def test_syncdoctor_run_attaches_to_an_unmodified_msrun_job(tmp_path: Path) -> None:
-    """`syncdoctor run -- msrun …` on a Model.train script with no syncdoctor line."""
-    import subprocess
-
-    from syncdoctor.doctor.diagnose import diagnose
-    from syncdoctor.lab.launch import free_port
-
-    out = tmp_path / "zero-code"
-    bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
-    cmd = [str(bin_dir / "syncdoctor"), "run", "--out", str(out), "--", str(bin_dir / "msrun"),
-           "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-           f"--log_dir={out / 'msrun_logs'}", "--join=True", "--cluster_time_out=60",
-           str(Path(__file__).with_name("model_train_script.py"))]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=BOUND_S, start_new_session=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert sorted(p.name for p in (out / "records").glob("rank*.jsonl")) == ["rank0.jsonl", "rank1.jsonl"]
-    assert (out / "logs" / "rank0.log").stat().st_size > 0
-    assert diagnose([out]).verdict == "healthy"
-    assert pids_naming(str(out)) == []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from syncdoctor.cli import InputError
 from syncdoctor.lab.faults import FAULTS
-from syncdoctor.lab.runner import LAB_CHECK_EVERY
+from syncdoctor.lab.runner import LAB_CHECK_EVERY, MS_STYLES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,12 +53,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--onset", type=int, default=40, help="the step at which step-triggered faults act")
     p.add_argument("--framework", choices=("torch", "mindspore"), default="torch")
     p.add_argument("--pg-timeout", type=float, default=20.0, help="process-group timeout in seconds")
+    p.add_argument("--style", choices=MS_STYLES, default=None,
+                   help="MindSpore: how the step is written (default functional)")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     rows = [{"name": f.name, "description": f.description, "symptom": f.symptom, "category": f.category,
              "measured": f.measured, "variants": [v for v in f.variants if v], "frameworks": list(f.frameworks),
-             "ends_in_error": f.ends_in_error} for f in FAULTS.values()]
+             "ends_in_error": f.ends_in_error,
+             "mindspore_variants": [v for v in f.variants_for("mindspore") if v],
+             "mindspore_styles_not_on": dict(f.ms_styles_not_on)} for f in FAULTS.values()]
     if args.json:
         print(json.dumps(rows, indent=1, ensure_ascii=False))
         return 0
@@ -88,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = run_lab(args.fault, variant=args.variant, world_size=args.world_size, steps=args.steps,
                          onset=args.onset, seed=args.seed, out=args.out, framework=args.framework,
                          probe=not args.no_probe, check_every=args.check_every, pg_timeout_s=args.pg_timeout,
-                         on_mismatch=args.on_mismatch)
+                         on_mismatch=args.on_mismatch, style=args.style)
     except ValueError as exc:
         raise InputError(str(exc)) from exc
     fault = FAULTS[args.fault]
@@ -115,12 +119,14 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         console.print(f"{row.fault:26} {row.variant:13} seed {row.seed}: {row.top_category:26} {mark} "
                       f"({row.duration_s}s)", markup=False)
 
+    if args.style and args.framework != "mindspore":
+        raise InputError("--style applies to --framework mindspore only")
     if args.only:
         for name in args.only:
             _check_fault(name)
     rows = run_matrix(args.out, world_size=args.world_size, framework=args.framework, steps=args.steps,
                       onset=args.onset, pg_timeout_s=min(args.pg_timeout, 10.0), only=args.only,
-                      progress=progress)
+                      progress=progress, style=args.style)
     if args.json:
         print(json.dumps([r.to_json() for r in rows], indent=1))
     elif args.markdown:
@@ -132,7 +138,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
                   f"{'✓' if r.correct else '✗'} | {r.onset_step or '—'} | {step} | {r.duration_s:.0f} s |")
         print(f"\n{sum(r.correct for r in rows)}/{len(rows)} correct")
     else:
-        table = Table(title=f"detection matrix ({args.framework}, world size {args.world_size})")
+        style = f", {args.style} style" if args.style else ""
+        table = Table(title=f"detection matrix ({args.framework}{style}, world size {args.world_size})")
         for col in ("fault", "variant", "seed", "detected", "top category", "correct", "onset", "detected at"):
             table.add_column(col)
         for r in rows:
@@ -145,6 +152,9 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         for fault in FAULTS.values():
             if args.framework not in fault.frameworks:
                 console.print(f"not on {args.framework}: {fault.name} — {fault.not_on.get(args.framework, '')}",
+                              markup=False)
+            elif args.style in fault.ms_styles_not_on:
+                console.print(f"not in the {args.style} style: {fault.name} — {fault.ms_styles_not_on[args.style]}",
                               markup=False)
     return 0 if all(r.correct for r in rows) else 1
 

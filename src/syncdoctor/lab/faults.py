@@ -12,6 +12,11 @@ from typing import ClassVar
 
 from syncdoctor.lab.plan import RankPlan
 
+# Why the data faults that only sample ids reveal cannot be shown through Model.train.
+_NO_IDS_IN_MODEL_TRAIN = ("Model.train feeds every dataset column to the network, so sample ids cannot travel "
+                          "with the batch: which samples each rank reads, the only trace of this fault, "
+                          "never reaches a probe")
+
 
 class Fault:
     name: ClassVar[str]
@@ -25,6 +30,10 @@ class Fault:
     not_on: ClassVar[dict[str, str]] = {"mindspore": "not yet measured on MindSpore (the script honours its knobs)"}
     # The variants `lab matrix` (and the doctor tests over it) run; None: all of them.
     matrix_variants: ClassVar[tuple[str, ...] | None] = None
+    # MindSpore: the lab's training styles (--style) where the fault cannot be built, and why;
+    # variants that exist only there (None: the same as `variants`).
+    ms_styles_not_on: ClassVar[dict[str, str]] = {}
+    ms_variants: ClassVar[tuple[str, ...] | None] = None
     sync: ClassVar[str | None] = None  # forces the data-parallel mode when set
     ends_in_error: ClassVar[bool] = False  # the run is expected to fail
 
@@ -34,6 +43,9 @@ class Fault:
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         """Change `plan` (one rank's) to inject the fault."""
+
+    def variants_for(self, framework: str) -> tuple[str, ...]:
+        return self.ms_variants if framework == "mindspore" and self.ms_variants is not None else self.variants
 
 
 class Clean(Fault):
@@ -46,6 +58,7 @@ class Clean(Fault):
         '; MindSpore 2.10, ws 2: held-out accuracy 0.97 after 66 steps (0.986 after 154); '
         'parameters and optimizer state bitwise identical at every step; every live check ok '
         '(msrun, PyNative with an ms.jit step).'
+        "; MindSpore styles (probe attached zero-code): cell and model healthy over seeds 0-2, every live check ok (lab matrix, 60 steps)."
     )
     frameworks = ("torch", "mindspore")
 
@@ -61,8 +74,10 @@ class UnseededShuffle(Fault):
         "(dataset seed defaults to 5489; ms.set_seed sets it), so the lab uses the playbook's "
         'hand-written unseeded shuffle before num_shards/shard_id; epoch-1 samples overlap across '
         'ranks, parameters identical, snapshot loader.seed null.'
+        "; MindSpore cell style: named data.seed (overlapping epoch-1 ids)."
     )
     frameworks = ("torch", "mindspore")
+    ms_styles_not_on = {"model": _NO_IDS_IN_MODEL_TRAIN}
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.shuffle_seed = None
@@ -78,8 +93,11 @@ class ShuffleAfterShard(Fault):
         '; MindSpore 2.10, ws 2: contiguous per-rank blocks, then .shuffle() under per-rank '
         'ds.config seeds (1000/2000): shards disjoint but fixed; parameters identical; snapshot '
         'seed.dataset_seed differs across ranks.'
+        "; MindSpore cell style: named data.sharding."
     )
     frameworks = ("torch", "mindspore")
+
+    ms_styles_not_on = {"model": _NO_IDS_IN_MODEL_TRAIN}
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.shuffle_before_shard = False
@@ -110,13 +128,17 @@ class UnevenShards(Fault):
         "... failed', 'AllReduceCPUKernelMod launch failed'), msrun exits 1. Rank 1's last batch "
         "has 1 sample, which ruins BatchNorm's moving variance: its held-out accuracy is 0.10 "
         "with weights equal to rank 0's."
+        "; MindSpore, every style: keep_remainder named data.sharding (partial batches of 28 vs 1 samples). drop_remainder: shards of 796 vs 641 samples give 24 vs 20 whole batches an epoch; the step records look alike (same batch size, the collectives pair across epochs) until the longer rank's last AllReduce fails after the other ended ok: the doctor names process.crash or nothing; only the snapshots' loader.dataset_len tells the shards apart."
     )
     ends_in_error = True
     frameworks = ("torch", "mindspore")
+    # MindSpore: with drop_remainder=False (partial last batches) and with it True (the
+    # shards still hold different numbers of whole batches).
+    ms_variants = ("keep_remainder", "drop_remainder")
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.shard = "hash"
-        plan.drop_last = False
+        plan.drop_last = variant == "drop_remainder"
 
 
 class DuplicateRankId(Fault):
@@ -158,6 +180,9 @@ class GradAccumMisaligned(Fault):
     )
     variants = ("no_sync", "extra_update")
     frameworks = ("torch", "mindspore")
+    ms_styles_not_on = {
+        "cell": "TrainOneStepCell has no gradient accumulation: every call reduces and updates",
+        "model": "Model.train has no gradient accumulation: every step reduces and updates"}
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.accum_steps = 4
@@ -199,6 +224,7 @@ class LossHparamMismatch(Fault):
         'torch, ws 2: replicas stay identical (gradients are averaged), per-rank losses sit at a persistent offset; accuracy unchanged (0.99)'
         '; MindSpore 2.10, ws 2: parameters identical; per-rank loss offset (mean 0.29 vs 0.26 '
         'over 66 steps), reduce_ratio 0.68 vs 0.84; snapshot loss.params.margin 0.05 vs 0.1.'
+        "; MindSpore cell and model styles: named loss.definition_mismatch."
     )
     frameworks = ("torch", "mindspore")
 
@@ -216,6 +242,7 @@ class GradSum(Fault):
         "torch, ws 2: replicas identical; the post-reduce gradient norm exceeds the ranks' mean local norm at most steps; training still converges at this learning rate (0.99): no jump"
         '; MindSpore 2.10, ws 2: (gradients_mean=False) parameters identical; reduce_ratio ≈1.5 '
         'vs ≈0.75 healthy (×2); snapshot ddp.gradients_mean false; loss still falls.'
+        "; MindSpore cell and model styles: named sync.reduce_op (gradients_mean=False in the snapshot)."
     )
     frameworks = ("torch", "mindspore")
 
@@ -234,6 +261,7 @@ class OptimizerStateMismatch(Fault):
         "optimizer.momentum is silently ignored by SGD's jit-compiled update after its first "
         'call, though asnumpy() shows the new value); opt_fp and param_fp differ from the onset '
         "step; live check 'param, opt', first tensor fc1.weight."
+        "; MindSpore cell and model styles: parameters part at the onset (20), named optim.state_mismatch."
     )
     frameworks = ("torch", "mindspore")
 
@@ -254,6 +282,7 @@ class InitMismatch(Fault):
         'which also seeds init): param_fp differ at every step from step 1, live check first '
         'tensor fc1.weight. GRAPH mode with parameter_broadcast=True makes them equal from step '
         '1; PyNative ignores parameter_broadcast, with ms.jit too.'
+        "; MindSpore, every style (model, cell, cell in GRAPH mode, functional, a jitted step): named at step 0 from the weights fingerprinted before the first update."
     )
     sync = "allreduce"
     frameworks = ("torch", "mindspore")
@@ -271,6 +300,7 @@ class ModeMismatch(Fault):
         'torch, ws 2: the eval-mode rank reports a lower loss (no dropout) and its module modes differ; parameters stay identical under DDP'
         '; MindSpore 2.10, ws 2: (set_train(False) on rank 1) train_mode differs from step 1; '
         'parameters identical; rank 1 loss mean 0.59 vs 0.35, reduce_ratio 1.13 vs 0.55.'
+        "; MindSpore cell and model styles: named at step 1 (Model.train calls set_train(True) at its start, so the lab's model style leaves the net in eval mode from a rank-local callback); in GRAPH mode (TrainOneStepCell) the parameters also part from step 1."
     )
     frameworks = ("torch", "mindspore")
 
@@ -306,6 +336,9 @@ class Fp16Overflow(Fault):
     )
     variants = ("no_scaling", "local_skip")
     frameworks = ("torch", "mindspore")
+    ms_styles_not_on = {
+        "cell": "TrainOneStepWithLossScaleCell does not run on MindSpore's CPU backend (2.10)",
+        "model": "Model with a DynamicLossScaleManager does not run on MindSpore's CPU backend (2.10)"}
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.fp16_grads = True
@@ -345,6 +378,7 @@ class RankCrash(Fault):
         'ops.zeros allocation); msrun kills the other worker and exits 1 after 26 s with '
         "MS_NODE_TIMEOUT=8 (53 s with defaults); the scheduler names node 1 ('The node: 1 is "
         "timed out')."
+        "; MindSpore cell and model styles: named process.crash."
     )
     ends_in_error = True
     frameworks = ("torch", "mindspore")

@@ -36,22 +36,23 @@ class MatrixRow:
         return asdict(self)
 
 
-def cases(framework: str = "torch") -> list[tuple[str, str, int]]:
+def cases(framework: str = "torch", style: str | None = None) -> list[tuple[str, str, int]]:
     out = [("clean", "", seed) for seed in CLEAN_SEEDS]
     for name, fault in FAULTS.items():
-        if name == "clean" or framework not in fault.frameworks:
+        if name == "clean" or framework not in fault.frameworks or style in fault.ms_styles_not_on:
             continue
-        out.extend((name, variant, 0) for variant in fault.matrix_variants or fault.variants)
+        variants = fault.variants_for(framework) if framework == "mindspore" else fault.matrix_variants or fault.variants
+        out.extend((name, variant, 0) for variant in variants)
     return out
 
 
 def run_case(fault: str, variant: str, seed: int, out_root: Path, world_size: int, framework: str,
-             steps: int, onset: int, pg_timeout_s: float) -> MatrixRow:
+             steps: int, onset: int, pg_timeout_s: float, style: str | None = None) -> MatrixRow:
     from syncdoctor.doctor.diagnose import diagnose
 
     name = f"{fault}{'-' + variant if variant else ''}-s{seed}"
     result = run_lab(fault, variant=variant, world_size=world_size, seed=seed, out=out_root / name,
-                     framework=framework, steps=steps, onset=onset, pg_timeout_s=pg_timeout_s)
+                     framework=framework, steps=steps, onset=onset, pg_timeout_s=pg_timeout_s, style=style)
     diag = diagnose([result.out])
     top = diag.findings[0] if diag.findings else None
     expected = FAULTS[fault].category
@@ -71,12 +72,13 @@ def run_case(fault: str, variant: str, seed: int, out_root: Path, world_size: in
 
 def run_matrix(out_root: str | Path = "runs/matrix", world_size: int = 2, framework: str = "torch",
                steps: int = 150, onset: int = 40, pg_timeout_s: float = 10.0,
-               only: list[str] | None = None, progress=None) -> list[MatrixRow]:
+               only: list[str] | None = None, progress=None, style: str | None = None) -> list[MatrixRow]:
     rows = []
-    for fault, variant, seed in cases(framework):
+    for fault, variant, seed in cases(framework, style):
         if only and fault not in only:
             continue
-        row = run_case(fault, variant, seed, Path(out_root), world_size, framework, steps, onset, pg_timeout_s)
+        row = run_case(fault, variant, seed, Path(out_root), world_size, framework, steps, onset, pg_timeout_s,
+                       style)
         rows.append(row)
         if progress:
             progress(row)

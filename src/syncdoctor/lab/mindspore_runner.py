@@ -125,6 +125,18 @@ def run_msrun(script: str | Path, args: list[str], out: Path, world: int, timeou
             "survivors": survivors, "framework": "mindspore", "command": cmd}
 
 
+def zero_code_env(out: Path, check_every: int | None = None) -> dict[str, str]:
+    """The environment `syncdoctor run` gives a command (its sitecustomize first on
+    PYTHONPATH), so the probe attaches to the lab script as to any user's script; less
+    the copy of each rank's output, which msrun already writes to worker_N.log."""
+    from syncdoctor.probe import boot
+    from syncdoctor.probe.cli import prepare
+
+    env = prepare(out, check_every, None, env=dict(os.environ))
+    env.pop(boot.AUTO_ENV, None)
+    return {k: env[k] for k in ("PYTHONPATH", boot.RUN_DIR_ENV, boot.CHECK_EVERY_ENV) if k in env}
+
+
 def run_mindspore_lab(plans: list[RankPlan], out: Path, timeout_s: float = 180.0,
                       python: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one lab job: writes OUT/plans/plan{R}.json, launches msrun, bounds it by
@@ -135,6 +147,9 @@ def run_mindspore_lab(plans: list[RankPlan], out: Path, timeout_s: float = 180.0
     plan_dir.mkdir(parents=True, exist_ok=True)
     for plan in plans:
         (plan_dir / f"plan{plan.rank}.json").write_text(json.dumps(plan.to_json(), indent=1))
+    env = dict(env or {})
+    if plans[0].extra.get("probe", True):
+        env.update(zero_code_env(out, plans[0].extra.get("check_every")))
     result = run_msrun(TRAIN_SCRIPT, [str(plan_dir)], out, len(plans), timeout_s, marker=str(plan_dir),
                        python=python, env=env, comm_timeout_s=plans[0].pg_timeout_s)
     ranks = []

@@ -44,6 +44,9 @@ class LabResult:
                 "steps_done": {str(k): v for k, v in self.steps_done.items()}}
 
 
+# How a MindSpore lab rank writes its training step (lab/train_mindspore.py).
+MS_STYLES = ("functional", "cell", "model")
+
 # Lab runs are short (150 steps): a check every 10 steps gives the detector 16 checks
 # to work with, where the probe's production default (cheaper) would give 8.
 LAB_CHECK_EVERY = 10
@@ -52,15 +55,23 @@ LAB_CHECK_EVERY = 10
 def run_lab(fault: str, *, variant: str = "", world_size: int = 2, steps: int = 150, onset: int = 40,
             seed: int = 0, out: str | Path | None = None, framework: str = "torch", probe: bool = True,
             check_every: int = LAB_CHECK_EVERY, pg_timeout_s: float = 20.0,
-            on_mismatch: str | None = None) -> LabResult:
+            on_mismatch: str | None = None, style: str | None = None) -> LabResult:
+    """style: MindSpore only, how the training step is written (MS_STYLES)."""
     if fault not in FAULTS:
         raise KeyError(fault)
     spec = FAULTS[fault]
-    variant = variant or spec.variants[0]
-    if variant not in spec.variants:
-        raise ValueError(f"fault {fault} has variants {', '.join(spec.variants)}, not {variant!r}")
+    variants = spec.variants_for(framework)
+    variant = variant or variants[0]
+    if variant not in variants:
+        raise ValueError(f"fault {fault} has variants {', '.join(variants)}, not {variant!r}")
     if framework not in spec.frameworks:
         raise ValueError(f"fault {fault} does not exist on {framework}")
+    if style is not None and framework != "mindspore":
+        raise ValueError("--style applies to --framework mindspore only")
+    if style is not None and style not in MS_STYLES:
+        raise ValueError(f"style {style!r} is not one of {', '.join(MS_STYLES)}")
+    if style in spec.ms_styles_not_on:
+        raise ValueError(f"fault {fault} is not built in the {style} style: {spec.ms_styles_not_on[style]}")
     out = Path(out or f"runs/{fault}{'-' + variant if variant else ''}-w{world_size}-s{seed}")
     if out.exists():
         shutil.rmtree(out)  # a run folder holds exactly one run
@@ -69,13 +80,16 @@ def run_lab(fault: str, *, variant: str = "", world_size: int = 2, steps: int = 
                       pg_timeout_s=pg_timeout_s)
     for plan in plans:
         plan.extra.update({"probe": probe, "check_every": check_every, "on_mismatch": on_mismatch})
+        if style is not None:
+            plan.extra["style"] = style
         (out / "plans" / f"plan{plan.rank}.json").write_text(json.dumps(plan.to_json(), indent=1))
     timeout_s = STARTUP_BUDGET_S + 3 * pg_timeout_s + steps * 0.5 * world_size
     t0 = time.monotonic()
     if framework == "mindspore":
         from syncdoctor.lab.mindspore_runner import run_mindspore_lab
 
-        ms = run_mindspore_lab(plans, out, timeout_s)
+        # msrun starts a scheduler beside the ranks, and each imports MindSpore (≈3× torch's start-up).
+        ms = run_mindspore_lab(plans, out, timeout_s + STARTUP_BUDGET_S)
         codes, timed_out = [ms["returncode"]], bool(ms["timed_out"])
     else:
         codes, timed_out = _run_torch(plans, out, timeout_s)

@@ -1,13 +1,18 @@
-"""One rank of a MindSpore lab run: data-parallel training of a small CNN on the digits set.
+"""One rank of a MindSpore lab run: data-parallel training of a small MLP on the digits set.
 
 Launched by the lab runner through msrun (lab/mindspore_runner.py):
     msrun --worker_num=N ... train_mindspore.py PLAN_DIR
 Each worker reads PLAN_DIR/plan{RANK_ID}.json (RANK_ID comes from msrun). Everything a
 fault changes is a knob of the RankPlan (lab/plan.py); the script reads it top to bottom
-and mirrors lab/train_torch.py: same data, model, loss and step, written the way a
-MindSpore user writes it (value_and_grad + nn.DistributedGradReducer, mindspore.dataset
-with num_shards/shard_id, ms.amp.DynamicLossScaler). Its stdout is msrun's worker_N.log,
-in LossMonitor's format.
+and mirrors lab/train_torch.py: same data, model, loss and step. The step is written in
+one of the three ways MindSpore users write it (plan.extra["style"]):
+  functional  value_and_grad + nn.DistributedGradReducer + optimizer(grads) (the default)
+  cell        nn.TrainOneStepCell(nn.WithLossCell(net, loss), optimizer)
+  model       Model(net, loss, optimizer).train(...)
+The probe is not created here: the runner starts msrun the way `syncdoctor run` does,
+so it attaches by itself to whichever style this is. The script only adds what no
+hook can know (`report`: the sample ids, the unscaled loss, a skipped update).
+Its stdout is msrun's worker_N.log, in LossMonitor's format.
 
 What MindSpore does differently (measured, shared/facts.md): no parameter broadcast at
 start (only GRAPH mode with parameter_broadcast=True), BatchNorm statistics are never
@@ -32,13 +37,14 @@ from mindspore.communication import get_group_size, get_rank, init
 from sklearn.datasets import load_digits
 
 from syncdoctor.lab.plan import RankPlan
-from syncdoctor.probe.mindspore import MindSporeProbe
+from syncdoctor.probe.mindspore_auto import report, skipped
 
 # -----------------------------------------------------------------------------
 # configuration
 plan_dir = Path(sys.argv[1]).resolve()
 plan = RankPlan.from_json(json.loads((plan_dir / f"plan{os.environ.get('RANK_ID', '0')}.json").read_text()))
 run_dir = plan_dir.parent
+style = plan.extra.get("style", "functional")
 graph = plan.extra.get("ms_mode", "pynative") == "graph"
 
 ms.set_context(mode=ms.GRAPH_MODE if graph else ms.PYNATIVE_MODE)
@@ -52,7 +58,8 @@ ms.set_auto_parallel_context(
     # Only GRAPH mode honours this; PyNative ignores it silently (measured).
     parameter_broadcast=bool(plan.extra.get("parameter_broadcast", False)),
 )
-print(f"rank {rank}/{world_size} ready: mode={'GRAPH' if graph else 'PYNATIVE'} pid={os.getpid()}", flush=True)
+print(f"rank {rank}/{world_size} ready: style={style} mode={'GRAPH' if graph else 'PYNATIVE'} pid={os.getpid()}",
+      flush=True)
 
 # -----------------------------------------------------------------------------
 # seeds: the model must start equal on every rank, MindSpore broadcasts nothing
@@ -78,7 +85,7 @@ class DigitsMLP(nn.Cell):
         return self.fc2(self.drop(self.relu(self.bn1(self.fc1(self.flatten(x))))))
 
 
-class AsymmetricLoss(nn.Cell):
+class AsymmetricLoss(nn.LossBase):
     """ASL (Ridnik et al.), one-vs-rest over the classes, as in the playbook §3.5:
     positives -(1-p)^γ+ log p, negatives -p_m^γ- log(1-p_m) with p_m = max(p - m, 0)."""
 
@@ -145,7 +152,7 @@ else:  # the healthy pipeline: one global shuffle with the shared seed, then the
 dataset = dataset.batch(plan.batch_size, drop_remainder=plan.drop_last)
 
 # -----------------------------------------------------------------------------
-# one step: value_and_grad, accumulation, the reduction, loss scaling, the update
+# one functional step: value_and_grad, accumulation, the reduction, loss scaling, the update
 loss_scaler = None
 if plan.loss_scale != "none":
     # DynamicLossScaleManager's defaults (2**24, ×2), with a short window so the scale
@@ -163,16 +170,12 @@ class ForwardBackward(nn.Cell):
 
     def __init__(self) -> None:
         super().__init__()
+        self.net, self.loss_fn = net, loss_fn
         self.grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
 
     @ms.jit
     def construct(self, x: ms.Tensor, y: ms.Tensor, scale: ms.Tensor) -> tuple:
         return self.grad_fn(x, y, scale)
-
-
-forward_backward = ForwardBackward()
-step = 0  # optimizer steps completed
-backward = 0
 
 
 def scale_value() -> float:
@@ -181,12 +184,10 @@ def scale_value() -> float:
 
 def micro_steps(cycle: list[tuple]) -> tuple[float, tuple]:
     """Forward and backward over the micro-batches of one cycle; local, unreduced grads."""
-    global backward
     scale = ms.Tensor(scale_value(), ms.float32)
     losses, accum = [], None
     for image, label, _ in cycle:
         loss, grads = forward_backward(ms.Tensor(image), ms.Tensor(label), scale)
-        backward += 1
         losses.append(float(loss.asnumpy()) / scale_value())
         accum = grads if accum is None else tuple(a + g for a, g in zip(accum, grads, strict=True))
     assert accum is not None
@@ -207,43 +208,45 @@ def reduce(grads: tuple) -> tuple[tuple, bool]:
     return tuple(g.astype(ms.float32) for g in reduced), local_overflow
 
 
-def update(cycle: list[tuple]) -> dict:
-    """One optimizer step over a cycle of micro-batches; returns what the probe records."""
+def update(cycle: list[tuple]) -> float:
+    """One optimizer step over a cycle of micro-batches; returns the mean loss."""
+    for batch in cycle:
+        report(ids=batch[2])  # the sample ids, for the probe's overlap and coverage
     loss, grads_local = micro_steps(cycle)
+    report(loss=loss)  # the unscaled loss (what the jitted forward returns is scaled)
     grads, local_overflow = reduce(grads_local)
     scale = scale_value()
     if loss_scaler is not None:
         grads = loss_scaler.unscale(grads)
-        grads_local = loss_scaler.unscale(grads_local)
     finite = bool(ms.amp.all_finite(grads)) and not local_overflow
     if loss_scaler is not None:
         loss_scaler.adjust(ms.Tensor(finite))  # halves on overflow, doubles every window
-    skipped = loss_scaler is not None and not finite
-    if skipped:
-        pass  # dynamic loss scaling: skip this update
+    if loss_scaler is not None and not finite:
+        skipped(loss=loss, loss_scale=scale)  # dynamic loss scaling: skip this update
     elif plan.skip_step_at == step + 1:
         pass  # the fault: this rank forgets one update
     else:
+        report(overflow=False if plan.fp16_grads else None, loss_scale=scale if loss_scaler else None)
         optimizer(grads)
         if plan.extra_step_at == step + 1:
             optimizer(grads)  # the fault: this rank applies the same update twice
-    return dict(loss=loss, grads=grads, grads_local=grads_local, micro=len(cycle),
-                batch_ids=[b[2] for b in cycle], overflow=not finite if plan.fp16_grads else None,
-                loss_scale=scale if loss_scaler is not None else None)
+    return loss
 
 
 # -----------------------------------------------------------------------------
-# the probe: records every step and checks the replicas against each other
-probe = MindSporeProbe(
-    net, optimizer, run_dir, loss_fn=loss_fn, dataset=dataset, grad_reducer=grad_reducer,
-    loss_scaler=loss_scaler, global_batch=plan.batch_size * world_size * plan.accum_steps,
-    check_every=plan.extra.get("check_every", 10), enabled=plan.extra.get("probe", True),
-    extra={"loader": {"seed": plan.shuffle_seed, "shuffle_before_shard": plan.shuffle_before_shard,
-                      "shard": plan.shard, "num_replicas": world_size if plan.shard != "none" else None,
-                      "rank": shard_id if plan.shard != "none" else None, "dataset_len": len(train_ids)},
-           "ddp": {"grad_dtype": "float16" if plan.fp16_grads else "float32",
-                   "loss_scale": plan.loss_scale}},
-)
+# faults that act at a step, whatever the style
+def before_step(next_step: int) -> None:
+    if plan.crash_at == next_step:
+        print("allocating activation buffer", flush=True)
+        ops.zeros((1 << 46,), ms.float32).asnumpy()  # RuntimeError: Allocate memory failed
+    if plan.stall_at == next_step:
+        print("waiting for data from storage", flush=True)
+        time.sleep(2 * plan.pg_timeout_s + 5)
+    if plan.momentum_override_at == next_step:
+        # ops.assign, not set_data: after the optimizer's first (jit-compiled) call,
+        # set_data changes what asnumpy() shows but not what the update uses (measured).
+        ops.assign(optimizer.momentum, ms.Tensor(plan.momentum_override, ms.float32))
+
 
 # -----------------------------------------------------------------------------
 # training
@@ -251,39 +254,76 @@ clean_batches = len(train_ids) // world_size // plan.batch_size // plan.accum_st
 epochs = max(1, math.ceil(plan.steps / clean_batches))
 print(f"training: epochs={epochs} steps_per_epoch~{clean_batches} lr={plan.lr} "
       f"global_batch={plan.batch_size * world_size * plan.accum_steps}", flush=True)
-net.set_train(plan.train_mode)  # mode-mismatch: this rank forgot set_train (dropout off, BN frozen)
-iterator = dataset.create_tuple_iterator(num_epochs=epochs, output_numpy=True)
 t0 = time.time()
 first_epoch_ids: list[int] = []
-for epoch in range(1, epochs + 1):
-    todo = list(iterator)  # one epoch of this rank's batches: (image, label, idx)
-    if epoch == 1:  # kept for the lab's own checks of overlap and coverage
-        first_epoch_ids = [int(i) for b in todo for i in b[2]]
-    in_epoch = 0
-    while True:
-        if plan.crash_at == step + 1:
-            print("allocating activation buffer", flush=True)
-            ops.zeros((1 << 46,), ms.float32).asnumpy()  # RuntimeError: Allocate memory failed
-        if plan.stall_at == step + 1:
-            print("waiting for data from storage", flush=True)
-            time.sleep(2 * plan.pg_timeout_s + 5)
-        if plan.momentum_override_at == step + 1:
-            # ops.assign, not set_data: after the optimizer's first (jit-compiled) call,
-            # set_data changes what asnumpy() shows but not what the update uses (measured).
-            ops.assign(optimizer.momentum, ms.Tensor(plan.momentum_override, ms.float32))
-        if plan.extra_update_now(step + 1) and todo:
-            probe.after_step(**update(todo[:1]))
-            todo = todo[1:]
+step = 0  # optimizer steps completed
 
-        micro = plan.micro_steps(step + 1)
-        cycle, todo = todo[:micro], todo[micro:]
-        if len(cycle) < micro:
-            break
-        record = update(cycle)
-        step += 1
-        in_epoch += 1
-        probe.after_step(**record)
-        print(f"epoch: {epoch} step: {in_epoch}, loss is {record['loss']:.4f}", flush=True)
+if style == "model":
+    class LabCallback(ms.train.Callback):
+        """The faults a Model.train user's callbacks can cause, and LossMonitor's lines."""
+
+        def on_train_begin(self, run_context) -> None:
+            net.set_train(plan.train_mode)  # mode-mismatch: a rank-local callback left the net in eval mode
+
+        def on_train_step_begin(self, run_context) -> None:
+            before_step(run_context.original_args().cur_step_num)
+
+        def on_train_step_end(self, run_context) -> None:
+            cb = run_context.original_args()
+            n = cb.batch_num
+            print(f"epoch: {cb.cur_epoch_num} step: {(cb.cur_step_num - 1) % n + 1}, "
+                  f"loss is {float(cb.net_outputs.asnumpy()):.4f}", flush=True)
+
+    # Model.train feeds every column to the network: the ids stay behind.
+    model = ms.train.Model(net, loss_fn=loss_fn, optimizer=optimizer)
+    model.train(epochs, dataset.project(["image", "label"]), callbacks=[LabCallback()], dataset_sink_mode=False)
+    step = int(optimizer.global_step.asnumpy()[0])
+
+elif style == "cell":
+    train_net = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer)
+    net.set_train(plan.train_mode)  # mode-mismatch: this rank forgot set_train (dropout off, BN frozen)
+    iterator = dataset.create_tuple_iterator(num_epochs=epochs, output_numpy=True)
+    for epoch in range(1, epochs + 1):
+        for in_epoch, (image, label, idx) in enumerate(iterator, start=1):
+            if epoch == 1:
+                first_epoch_ids.extend(int(i) for i in idx)
+            before_step(step + 1)
+            report(ids=idx)
+            loss = train_net(ms.Tensor(image), ms.Tensor(label))
+            step += 1
+            print(f"epoch: {epoch} step: {in_epoch}, loss is {float(loss.asnumpy()):.4f}", flush=True)
+
+else:
+    forward_backward = ForwardBackward()
+    net.set_train(plan.train_mode)  # mode-mismatch: this rank forgot set_train (dropout off, BN frozen)
+    iterator = dataset.create_tuple_iterator(num_epochs=epochs, output_numpy=True)
+
+    def draw(batches, n: int) -> list[tuple]:
+        """Up to n batches (image, label, idx) of this epoch, drawn as they are needed."""
+        out = []
+        for batch in batches:
+            out.append(batch)
+            if len(out) == n:
+                break
+        if epoch == 1:
+            first_epoch_ids.extend(int(i) for b in out for i in b[2])
+        return out
+
+    for epoch in range(1, epochs + 1):
+        batches = iter(iterator)  # one epoch of this rank's batches
+        in_epoch = 0
+        while True:
+            before_step(step + 1)
+            if plan.extra_update_now(step + 1):
+                update(draw(batches, 1))  # the fault: one synced micro-step and an update more
+            micro = plan.micro_steps(step + 1)
+            cycle = draw(batches, micro)
+            if len(cycle) < micro:
+                break
+            loss = update(cycle)
+            step += 1
+            in_epoch += 1
+            print(f"epoch: {epoch} step: {in_epoch}, loss is {loss:.4f}", flush=True)
 
 # -----------------------------------------------------------------------------
 # evaluation on the held-out split, with this rank's own weights and BatchNorm statistics
@@ -293,4 +333,3 @@ accuracy = float((predictions == labels[test_ids]).mean())
 print(f"finished: steps={step} held-out accuracy {accuracy:.4f} time {time.time() - t0:.1f}s", flush=True)
 (run_dir / f"result{rank}.json").write_text(json.dumps({"rank": rank, "steps": step, "accuracy": accuracy,
                                                            "epoch1_ids": first_epoch_ids}))
-probe.close()

@@ -217,8 +217,7 @@ def _install_mindspore() -> None:
     from syncdoctor.probe import mindspore
 
     note_process("mindspore")
-    every = os.environ.get(CHECK_EVERY_ENV)
-    mindspore.install_autoattach(run_dir(), check_every=int(every) if every else 10)
+    mindspore.install_autoattach()  # reads the run folder and K from the environment
 
 
 def when_imported(module: str, callback: Callable[[], None]) -> None:

@@ -190,13 +190,20 @@ class MindSporeProbe:
     def __init__(self, network: Any, optimizer: Any = None, run_dir: str | os.PathLike[str] | None = None,
                  *, loss_fn: Any = None, dataset: Any = None, grad_reducer: Any = None,
                  loss_scaler: Any = None, global_batch: int | None = None, check_every: int | None = 10,
-                 on_mismatch: str = "warn", extra: dict[str, Any] | None = None, enabled: bool = True) -> None:
+                 on_mismatch: str = "warn", extra: dict[str, Any] | None = None, enabled: bool = True,
+                 params: list[Any] | None = None, mode_cells: list[Any] | None = None,
+                 init_param_fp: int | None = None, auto: bool = False) -> None:
+        """network: the model (its trainable parameters are fingerprinted, its cells'
+        train/eval modes recorded); zero-code mode passes `params` (what the optimizer
+        updates), `mode_cells` and the `init_param_fp` taken when the optimizer was built."""
         self.enabled = enabled
         self.network, self.optimizer, self.loss_fn = network, optimizer, loss_fn
         self.check_every = check_every or 0
         self.on_mismatch = on_mismatch
+        self.auto = auto
         self.step = 0
         self.backward = 0
+        self.opt_steps = 0
         self.checks_disabled: str | None = None
         self.writer: RecordWriter | None = None
         self._params: list[Any] = []
@@ -209,15 +216,18 @@ class MindSporeProbe:
             self.rank, self.world_size = rank_and_size()
             run_dir = run_dir or os.environ.get(RUN_DIR_ENV) or "syncdoctor_run"
             self.writer = RecordWriter(run_dir, self.rank)
-            self._params = list(network.trainable_params())
+            self._params = list(params) if params is not None else list(network.trainable_params())
             ids = {id(p) for p in self._params}
             if optimizer is not None:
                 # Momentum accumulators, lr, momentum and step counter: everything the
                 # optimizer owns that is not a weight must also stay equal on every rank.
                 self._opt_state = sorted((p for p in optimizer.get_parameters() if id(p) not in ids),
                                          key=lambda p: p.name)
-            self._mode_cells = [c for _, c in network.cells_and_names()]
-            self._snapshot(dataset, grad_reducer, loss_scaler, global_batch, extra or {})
+            if mode_cells is not None:
+                self._mode_cells = list(mode_cells)
+            elif network is not None:
+                self._mode_cells = [c for _, c in network.cells_and_names()]
+            self._snapshot(dataset, grad_reducer, loss_scaler, global_batch, extra or {}, init_param_fp)
         except Exception as exc:
             self._event("exception", f"probe start failed: {exc!r}")
 
@@ -228,7 +238,7 @@ class MindSporeProbe:
                               event=event, message=message[:2000])
 
     def _snapshot(self, dataset: Any, grad_reducer: Any, loss_scaler: Any, global_batch: int | None,
-                  extra: dict[str, Any]) -> None:
+                  extra: dict[str, Any], init_param_fp: int | None = None) -> None:
         ms = _ms()
         import mindspore.dataset as ds
 
@@ -275,9 +285,15 @@ class MindSporeProbe:
             "ddp": ddp, "loader": loader, "global_batch": global_batch,
             "tensors": [p.name for p in self._params],
             "opt_tensors": [p.name for p in self._opt_state],
-            "init_param_fp": combine(self._tensor_fps(self._params)),
+            "init_param_fp": init_param_fp if init_param_fp is not None else combine(self._tensor_fps(self._params)),
             "train_mode": self._train_mode(),
+            "check_every": self.check_every, "auto": self.auto,
         }
+        if ddp.get("mode") == "GRAPH" and ddp.get("parameter_broadcast"):
+            # GRAPH mode broadcasts rank 0's parameters at the first compile: what was
+            # built before is this rank's own (as torch's before DDP's broadcast).
+            snapshot["init_param_fp_local"] = snapshot.pop("init_param_fp")
+            snapshot["init_param_fp"] = None
         snapshot.update(extra)
         assert self.writer is not None
         self.writer.write("snapshot", **snapshot)
@@ -287,31 +303,39 @@ class MindSporeProbe:
         return [array_fingerprint(_asnumpy(p)) for p in params]
 
     def _train_mode(self) -> str:
-        return "".join("1" if getattr(c, "training", False) else "0" for c in self._mode_cells)
+        """As the torch probe writes it: "n/m" cells in train mode; when mixed, a hex
+        bitmap of which (cell order, first cell = highest bit)."""
+        modes = [bool(getattr(c, "training", False)) for c in self._mode_cells]
+        n = sum(modes)
+        if 0 < n < len(modes):
+            return f"{n}/{len(modes)}:{int(''.join('1' if m else '0' for m in modes), 2):x}"
+        return f"{n}/{len(modes)}"
+
+    def is_check_step(self, step: int) -> bool:
+        """Step 1 and every check_every-th step are measured in full (as the torch probe)."""
+        return step == 1 or bool(self.check_every and step % self.check_every == 0)
 
     # -- the per-step entry point -------------------------------------------------------
     def after_step(self, loss: Any = None, grads: Any = None, *, grads_local: Any = None,
                    batch_ids: Any = None, micro: int = 1, samples: int | None = None,
-                   overflow: bool | None = None, loss_scale: float | None = None) -> None:
+                   overflow: bool | None = None, loss_scale: float | None = None,
+                   opt_steps: int | None = None, data_fp: int | None = None) -> None:
         """Call once after each optimizer update (skipped updates too, with overflow=True).
-        grads: the gradients the optimizer used (post-reduce); grads_local: this rank's own."""
+        grads: the gradients the optimizer used (post-reduce); grads_local: this rank's own.
+        opt_steps: updates applied so far (the optimizer's global_step), when known."""
         if not self.enabled or self.writer is None:
             return
         self.step += 1
         self.backward += micro
+        self.opt_steps = opt_steps if opt_steps is not None else self.opt_steps + (not overflow)
         try:
-            self._after_step(loss, grads, grads_local, batch_ids, micro, samples, overflow, loss_scale)
+            self._after_step(loss, grads, grads_local, batch_ids, micro, samples, overflow, loss_scale, data_fp)
         except Exception as exc:  # never let the probe stop training
             self._event("exception", f"probe step failed: {exc!r}")
 
     def _after_step(self, loss: Any, grads: Any, grads_local: Any, batch_ids: Any, micro: int,
-                    samples: int | None, overflow: bool | None, loss_scale: float | None) -> None:
-        tensor_fps = self._tensor_fps(self._params)
-        opt_fps = self._tensor_fps(self._opt_state)
-        param_fp, opt_fp = combine(tensor_fps), combine(opt_fps)
-        grad_norm = _global_norm(grads)
-        grad_norm_local = _global_norm(grads_local)
-        data_fp = None
+                    samples: int | None, overflow: bool | None, loss_scale: float | None,
+                    data_fp: int | None) -> None:
         ids = None
         if batch_ids is not None:
             ids = np.concatenate([np.asarray(_asnumpy(b)).reshape(-1) for b in batch_ids]) \
@@ -322,20 +346,35 @@ class MindSporeProbe:
         if self.optimizer is not None and hasattr(self.optimizer, "get_lr"):
             lr = _float(self.optimizer.get_lr())
         record: dict[str, Any] = dict(
-            rank=self.rank, step=self.step, micro=micro, backward=self.backward, t=time.time(),
-            loss=_float(loss), lr=lr, grad_norm=grad_norm, grad_norm_local=grad_norm_local,
-            reduce_ratio=(grad_norm / grad_norm_local) if grad_norm and grad_norm_local else None,
-            param_fp=param_fp, opt_fp=opt_fp, buffer_fp=None, data_fp=data_fp, samples=samples,
-            loss_scale=loss_scale, overflow=overflow, train_mode=self._train_mode())
+            rank=self.rank, step=self.step, micro=micro, backward=self.backward, opt_steps=self.opt_steps,
+            t=time.time(), loss=_float(loss), lr=lr, data_fp=data_fp, samples=samples,
+            loss_scale=loss_scale, overflow=overflow)
         if ids is not None and ids.size <= MAX_IDS:  # for overlap and coverage, as the torch probe
             record["ids"] = [int(i) for i in ids]
-        check = self.check_every and self.step % self.check_every == 0 and self.world_size > 1
+        measured = self.is_check_step(self.step)
+        tensor_fps: list[int] = []
+        if measured:  # every parameter's bytes: only at check steps, as the torch probe
+            tensor_fps = self._tensor_fps(self._params)
+            record["param_fp"] = combine(tensor_fps)
+            record["opt_fp"] = combine(self._tensor_fps(self._opt_state))
+            record["train_mode"] = self._train_mode()
+            if grads is not None:
+                grad_arrays = [_asnumpy(g) for g in grads]
+                record["grad_fp"] = combine([array_fingerprint(a) for a in grad_arrays])
+                record["grad_norm"] = _global_norm(grad_arrays)
+                record["grad_fp16"] = _fp16_exact(grad_arrays)
+                local = _global_norm(grads_local)
+                if local is not None:
+                    record["grad_norm_local"] = local  # the caller passes them unscaled
+                    if record["grad_norm"] and local:
+                        record["reduce_ratio"] = record["grad_norm"] / record["grad_norm_local"]
+        check = measured and self.world_size > 1
         if check:
             record["tensor_fps"] = tensor_fps
         assert self.writer is not None
-        self.writer.write("step", **record)
+        self.writer.write("step", **{k: v for k, v in record.items() if v is not None or k in ("loss", "lr")})
         if check and not self.checks_disabled:
-            self._check(param_fp, opt_fp, tensor_fps)
+            self._check(record["param_fp"], record["opt_fp"], tensor_fps, record["train_mode"])
 
     # -- the live cross-rank check ------------------------------------------------------------
     def _allgather(self, values: list[int]) -> np.ndarray:
@@ -350,16 +389,17 @@ class MindSporeProbe:
         out = self._gather(ms.Tensor(send)).asnumpy()
         return np.ascontiguousarray(out.astype(np.int32)).view(np.int64).reshape(self.world_size, len(values))
 
-    def _check(self, param_fp: int, opt_fp: int, tensor_fps: list[int]) -> None:
+    def _check(self, param_fp: int, opt_fp: int, tensor_fps: list[int], train_mode: str) -> None:
+        mode_fp = ids_fingerprint(np.frombuffer(train_mode.encode(), dtype=np.uint8))
         try:
-            rows = self._allgather([self.step, self.backward, param_fp, opt_fp])
+            rows = self._allgather([self.step, self.backward, param_fp, opt_fp, mode_fp])
         except Exception as exc:
             self.checks_disabled = repr(exc)
             self.writer.write("check", rank=self.rank, step=self.step, status="incomplete", what=[], ranks=[],  # type: ignore[union-attr]
                               tensor=None, detail={"error": repr(exc)[:500]})
             return
         what, outside = [], set()
-        for col, name in ((2, "param"), (3, "opt"), (0, "counter"), (1, "counter")):
+        for col, name in ((2, "param"), (3, "opt"), (0, "counter"), (1, "counter"), (4, "mode")):
             column = [int(v) for v in rows[:, col]]
             majority, _ = Counter(column).most_common(1)[0]
             bad = [r for r, v in enumerate(column) if v != majority]
@@ -406,6 +446,25 @@ class MindSporeProbe:
         finally:
             self.writer.close()
             self.writer = None
+
+
+FP16_SAMPLE = 256  # values per gradient tensor looked at (as the torch probe)
+
+
+def _fp16_exact(grads: list[np.ndarray]) -> bool | None:
+    """Whether the gradients hold float16 values (computed or reduced in fp16), as the
+    torch probe decides it: a float32 value is fp16-representable with odds of ~2^-13."""
+    seen = 0
+    for g in grads:
+        if g.dtype == np.float16:
+            return True
+        if g.dtype != np.float32:
+            return None
+        sample = g.reshape(-1)[:FP16_SAMPLE]
+        if not np.array_equal(sample.astype(np.float16).astype(np.float32), sample):
+            return False
+        seen += int(np.count_nonzero(sample))  # zeros are exact in any precision: they prove nothing
+    return True if seen >= 64 else None
 
 
 def _global_norm(grads: Any) -> float | None:
@@ -460,11 +519,23 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
                 batch = int(dataset.get_batch_size()) * rank_and_size()[1]
             except Exception:
                 pass
-            self.probe = MindSporeProbe(network, _cb_get(cb, "optimizer"), self.run_dir,
+            optimizer = _cb_get(cb, "optimizer")
+            from syncdoctor.probe import mindspore_auto
+
+            if mindspore_auto.W.need_init:
+                mindspore_auto.take_init()
+            init_fp = next((fp for ref, fp in mindspore_auto.W.optimizers if ref() is optimizer), None)
+            mode = "GRAPH" if _ms().get_context("mode") == _ms().GRAPH_MODE else "PyNative"
+            style = f"Model.train ({mode}, dataset_sink_mode={_cb_get(cb, 'dataset_sink_mode')})"
+            self.probe = MindSporeProbe(network, optimizer, self.run_dir,
                                         loss_fn=loss_fn, dataset=dataset, loss_scaler=scaler,
                                         global_batch=batch, check_every=self.check_every,
-                                        on_mismatch=self.on_mismatch,
-                                        extra={"ddp": {"wrapper": "Model.train"}})
+                                        on_mismatch=self.on_mismatch, init_param_fp=init_fp,
+                                        auto=mindspore_auto.W.installed,
+                                        extra={"ddp": {"wrapper": "Model.train"}, "style": style})
+            if mindspore_auto.W.installed:
+                print(f"syncdoctor: probe attached on rank {self.probe.rank} to {style}; records in "
+                      f"{self.run_dir}/records", file=sys.stderr, flush=True)
         except Exception as exc:  # a broken probe must not stop the run
             print(f"[WARNING] syncdoctor probe disabled: {exc!r}", file=sys.stderr)
 
@@ -477,7 +548,13 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
             overflow, scale = None, None
             if isinstance(out, (tuple, list)) and len(out) >= 3:  # (loss, overflow, scale)
                 overflow, scale = bool(_float(out[1])), _float(out[2])
-            self.probe.after_step(loss=out, overflow=overflow, loss_scale=scale)
+            from syncdoctor.probe.mindspore_auto import _global_step, take_batches
+
+            optimizer = _cb_get(cb, "optimizer")
+            micro, samples, data_fp = take_batches()  # what the dataset iterator handed out (non-sink mode)
+            self.probe.after_step(loss=out, overflow=overflow, loss_scale=scale, micro=micro, samples=samples,
+                                  data_fp=data_fp,
+                                  opt_steps=_global_step(optimizer) if optimizer is not None else None)
         except Exception as exc:
             self.probe.event("exception", f"callback step failed: {exc!r}")
 
@@ -512,77 +589,25 @@ def _find_loss(network: Any) -> Any:
 
 
 # -----------------------------------------------------------------------------------------
-# zero-code attach
-def install_autoattach(run_dir: str | os.PathLike[str] | None = None, check_every: int | None = 10) -> bool:
-    """Patch `mindspore.train.Model.train` so that every call gets a SyncDoctorCallback,
-    unless the user already passed one. Returns False when Model is not importable.
-    The patch is applied lazily (see `_AttachFinder`) when installed from sitecustomize."""
+# zero-code attach (probe/mindspore_auto.py)
+def install_autoattach(run_dir: str | os.PathLike[str] | None = None, check_every: int | None = None) -> bool:
+    """Attach to every training style without code changes: Model.train, train cells,
+    value_and_grad + optimizer(grads), jitted steps. False where MindSpore is missing."""
+    if run_dir is not None:
+        os.environ.setdefault(RUN_DIR_ENV, str(run_dir))
+    if check_every is not None:
+        os.environ.setdefault("SYNCDOCTOR_CHECK_EVERY", str(check_every))
     try:
-        # The submodule, not the package: called right after mindspore.train.model
-        # executes, the package has not bound `Model` yet.
-        from mindspore.train.model import Model
-    except Exception:
+        from syncdoctor.probe import mindspore_auto
+
+        return mindspore_auto.install()
+    except Exception as exc:
+        print(f"syncdoctor: MindSpore probe not installed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return False
-    if getattr(Model.train, "_syncdoctor", False):
-        return True
-    original = Model.train
-
-    def train(self: Any, epoch: int, train_dataset: Any, callbacks: Any = None, *args: Any, **kwargs: Any) -> Any:
-        try:
-            cbs = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
-            if not any(isinstance(c, SyncDoctorCallback) for c in cbs):
-                cbs.append(SyncDoctorCallback(run_dir, check_every=check_every))
-            callbacks = cbs
-        except Exception:
-            pass
-        return original(self, epoch, train_dataset, callbacks, *args, **kwargs)
-
-    train._syncdoctor = True  # type: ignore[attr-defined]
-    train.__wrapped__ = original  # type: ignore[attr-defined]
-    Model.train = train
-    return True
-
-
-class _AttachFinder:
-    """A meta-path finder that patches Model.train right after mindspore.train.model is
-    imported, so sitecustomize costs nothing in processes that never import MindSpore
-    (msrun itself, the scheduler)."""
-
-    target = "mindspore.train.model"
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != self.target:
-            return None
-        import importlib.util
-
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        original_exec = loader.exec_module  # type: ignore[union-attr]
-
-        def exec_module(module: Any) -> None:
-            original_exec(module)
-            try:
-                sys.meta_path.remove(self)
-            except ValueError:
-                pass
-            try:
-                install_autoattach()
-            except Exception:
-                pass
-
-        loader.exec_module = exec_module  # type: ignore[method-assign, union-attr]
-        return spec
 
 
 def install_lazy_autoattach() -> None:
-    """For sitecustomize: attach when (and only if) the process imports MindSpore's Model."""
-    if "mindspore.train.model" in sys.modules:
-        install_autoattach()
-    elif not any(isinstance(f, _AttachFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AttachFinder())
+    """For a sitecustomize: attach when (and only if) the process imports MindSpore."""
+    from syncdoctor.probe import boot
+
+    boot.when_imported("mindspore.train.model", install_autoattach)

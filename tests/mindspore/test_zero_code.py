@@ -1,0 +1,124 @@
+"""`syncdoctor run -- msrun ...` on a MindSpore script with no syncdoctor line in it, in
+every way people write the training step (tests/mindspore/user_train.py): records on
+every rank, the style named at start-up, the baseline healthy, and each fault named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ZERO_CODE  # type: ignore[import-not-found]
+
+pytestmark = [pytest.mark.mindspore, pytest.mark.slow, pytest.mark.timeout(3000)]
+
+STYLES = ("model", "cell", "functional")
+STYLE_LINE = {"model": "to Model.train (PyNative", "cell": "to train cell TrainOneStepCell (PyNative)",
+              "functional": "to functional: value_and_grad + optimizer(grads) (Momentum, PyNative)",
+              "cell-graph": "to train cell TrainOneStepCell (GRAPH)", "jit": "to a jitted step function `train_step`"}
+
+
+def records(run: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
+    out = {}
+    for path in sorted((Path(run["dir"]) / "records").glob("rank*.jsonl")):
+        out[int(path.stem[4:])] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return out
+
+
+def diagnosis(run: dict[str, Any]):
+    from syncdoctor.doctor.diagnose import diagnose
+
+    return diagnose([run["dir"]])
+
+
+def findings(run: dict[str, Any]) -> list[tuple[str, str, int | None]]:
+    return [(f.code, f.category, f.step) for f in diagnosis(run).findings]
+
+
+@pytest.mark.parametrize("name", list(ZERO_CODE))
+def test_every_rank_records_and_nothing_survives(ms_jobs, name: str) -> None:
+    from syncdoctor.lab.mindspore_runner import pids_naming
+
+    run = ms_jobs.get(name)
+    assert not run["timed_out"] and run["returncode"] == 0, Path(str(run["dir"]) + ".out").read_text()[-3000:]
+    recs = records(run)
+    assert set(recs) == {0, 1}
+    for rank, lines in recs.items():
+        assert lines[0]["kind"] == "snapshot" and lines[0]["auto"] is True, rank
+        assert len([x for x in lines if x["kind"] == "step"]) == 32, rank  # 2 epochs of 16 batches
+        assert lines[-1]["kind"] == "end" and lines[-1]["status"] == "ok"
+        log = (Path(run["dir"]) / "logs" / f"rank{rank}.log").read_text(errors="replace")
+        style = ZERO_CODE[name]["STYLE"]
+        assert f"syncdoctor: probe attached on rank {rank} {STYLE_LINE[style]}" in log
+    assert run["survivors"] == [] and pids_naming(str(run["dir"])) == []
+
+
+@pytest.mark.parametrize("style", [*STYLES, "cell-graph", "jit"])
+def test_clean_baseline_is_healthy(ms_jobs, style: str) -> None:
+    run = ms_jobs.get(f"zc-{style}-clean")
+    diag = diagnosis(run)
+    assert diag.verdict == "healthy", [(f.code, f.severity, f.evidence) for f in diag.findings]
+    steps = {r: {x["step"]: x for x in lines if x["kind"] == "step"} for r, lines in records(run).items()}
+    measured = [s for s in steps[0] if "param_fp" in steps[0][s]]
+    assert measured[:2] == [1, 10] and all(steps[0][s]["param_fp"] == steps[1][s]["param_fp"] for s in measured)
+    assert all(x["status"] == "ok" for x in records(run)[0] if x["kind"] == "check")
+    assert steps[0][1]["loss"] is not None and steps[0][1]["samples"] == 16
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_unseeded_init_is_named_at_step_0_with_both_seeds(ms_jobs, style: str) -> None:
+    top = diagnosis(ms_jobs.get(f"zc-{style}-unseeded")).findings[0]
+    assert top.category in ("model.init_mismatch", "data.seed") and top.step == 0
+    assert "ms.set_seed" in top.fix and "ds.config.set_seed" in top.fix
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_summed_gradients_are_named(ms_jobs, style: str) -> None:
+    assert findings(ms_jobs.get(f"zc-{style}-summed"))[0][1] == "sync.reduce_op"
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_a_rank_left_in_eval_mode_is_named(ms_jobs, style: str) -> None:
+    top = diagnosis(ms_jobs.get(f"zc-{style}-eval-rank")).findings[0]
+    assert top.category == "model.mode_mismatch" and top.ranks == [1]
+
+
+@pytest.mark.parametrize("style", ["cell-graph", "jit"])
+def test_graph_mode_and_jitted_step_name_all_three_faults(ms_jobs, style: str) -> None:
+    found = findings(ms_jobs.get(f"zc-{style}-three"))
+    assert ("SD501", "model.init_mismatch", 0) in found
+    categories = {category for _, category, _ in found}
+    assert {"sync.reduce_op", "model.mode_mismatch"} <= categories, found
+
+
+def test_functional_style_measures_the_reduction(ms_jobs) -> None:
+    """PyNative: the reducer's input (local gradients) and output are reachable."""
+    def ratios(name: str) -> list[float]:
+        lines = records(ms_jobs.get(name))[0]
+        return sorted(x["reduce_ratio"] for x in lines if x["kind"] == "step" and "reduce_ratio" in x)
+
+    clean, summed = ratios("zc-functional-clean"), ratios("zc-functional-summed")
+    assert clean and summed and 1.6 < summed[len(summed) // 2] / clean[len(clean) // 2] < 2.5
+
+
+def test_no_step_seen_says_how_to_fix(tmp_path: Path) -> None:
+    """A loop that draws batches but updates with its own numpy code: the probe says it
+    could not attach, and the line that fixes it (one process, no msrun needed)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "numpy_update.py"
+    script.write_text(
+        "import mindspore.dataset as ds, numpy as np\n"
+        "data = ds.NumpySlicesDataset({'x': np.zeros((64, 2), np.float32)}, shuffle=False).batch(2)\n"
+        "w = np.zeros(2)\n"
+        "for (x,) in data.create_tuple_iterator(output_numpy=True):\n"
+        "    w -= 0.1 * x.mean(0)\n")
+    out = tmp_path / "run"
+    env = {**os.environ, "RANK_ID": "0", "RANK_SIZE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "syncdoctor.cli", "run", "--out", str(out), "--",
+                           sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "the probe could not attach" in proc.stderr and "MindSporeProbe(net, optimizer)" in proc.stderr

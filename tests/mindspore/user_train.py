@@ -1,0 +1,87 @@
+"""A plain MindSpore data-parallel training script, written the ways the MindSpore docs
+show, with no syncdoctor line in it: the zero-code tests run it under
+`syncdoctor run -- msrun ...`.
+
+STYLE (env): model       Model(net, loss, opt).train(...)
+             cell        TrainOneStepCell(WithLossCell(net, loss), opt), PyNative
+             cell-graph  the same in GRAPH mode
+             functional  value_and_grad + DistributedGradReducer + optimizer(grads), PyNative
+             jit         the whole step as one @ms.jit function
+SEED=0: no seed at all (replicas start apart); GRAD_MEAN=0: gradients_mean=False;
+EVAL_RANK=R: rank R leaves its network in eval mode (set_train(False)).
+"""
+
+import os
+
+import mindspore as ms
+import mindspore.dataset as ds
+import numpy as np
+from mindspore import nn
+from mindspore.communication import get_group_size, get_rank, init
+from mindspore.train import LossMonitor, Model
+
+style = os.environ.get("STYLE", "functional")
+seeded = os.environ.get("SEED", "1") != "0"
+eval_rank = int(os.environ.get("EVAL_RANK", "-1"))
+
+ms.set_context(mode=ms.GRAPH_MODE if style == "cell-graph" else ms.PYNATIVE_MODE)
+ms.set_device("CPU")
+init()
+rank, world = get_rank(), get_group_size()
+ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL,
+                             gradients_mean=os.environ.get("GRAD_MEAN", "1") != "0")
+if seeded:
+    ms.set_seed(1)
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(512, 16)).astype(np.float32)
+y = (x[:, :8].sum(1) > x[:, 8:].sum(1)).astype(np.int32)
+data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=True, num_shards=world,
+                             shard_id=rank).batch(16, drop_remainder=True)
+
+net = nn.SequentialCell(nn.Dense(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(p=0.1), nn.Dense(32, 2))
+loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9)
+epochs = 2
+
+if style == "model":
+    class LeftInEval(ms.train.Callback):
+        """A rank-local callback (an evaluation on one rank) that leaves the net in eval mode."""
+
+        def on_train_begin(self, run_context):
+            if rank == eval_rank:
+                net.set_train(False)
+
+    model = Model(net, loss_fn=loss_fn, optimizer=optimizer)
+    model.train(epochs, data, callbacks=[LeftInEval(), LossMonitor()], dataset_sink_mode=False)
+
+elif style in ("cell", "cell-graph"):
+    train_net = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer)
+    train_net.set_train()
+    if rank == eval_rank:
+        net.set_train(False)
+    for epoch in range(epochs):
+        for xb, yb in data.create_tuple_iterator():
+            loss = train_net(xb, yb)
+        print(f"epoch: {epoch + 1}, loss is {float(loss.asnumpy()):.4f}", flush=True)
+
+else:
+    def forward(xb, yb):
+        return loss_fn(net(xb), yb)
+
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+    grad_reducer = nn.DistributedGradReducer(optimizer.parameters)
+
+    def train_step(xb, yb):
+        loss, grads = grad_fn(xb, yb)
+        grads = grad_reducer(grads)
+        optimizer(grads)
+        return loss
+
+    if style == "jit":
+        train_step = ms.jit(train_step)
+    net.set_train(rank != eval_rank)
+    for epoch in range(epochs):
+        for xb, yb in data.create_tuple_iterator():
+            loss = train_step(xb, yb)
+        print(f"epoch: {epoch + 1}, loss is {float(loss.asnumpy()):.4f}", flush=True)
