@@ -24,6 +24,9 @@ _LAUNCH_WORDS = {
     "can't resolve": "the master's host name does not resolve",
 }
 
+# Connection attempts that a launcher retries: a launch fault only if training never began.
+_TRANSIENT = {"trying to connect to", "failed to connect to", "rendezvousconnectionerror"}
+
 
 class LaunchConfiguration(Rule):
     """The job's layout is wrong: roles, node counts, rank table, ports.
@@ -57,11 +60,15 @@ class LaunchConfiguration(Rule):
     def evaluate(self, ev: Evidence) -> Finding | None:
         hits: list[tuple[str, str]] = []
         ranks: set[int] = set()
+        # Launchers retry their first connections while the others start (msrun,
+        # torchrun): a job that went on to train got through, and those lines were noise.
+        trained = ev.has_records or ev.losses.height > 0
         for event in ev.events_of("configuration"):
             low = event.raw.lower()
-            meaning = next((m for w, m in _LAUNCH_WORDS.items() if w in low), None)
-            if meaning is None:
+            word = next((w for w in _LAUNCH_WORDS if w in low), None)
+            if word is None or (trained and word in _TRANSIENT):
                 continue
+            meaning = _LAUNCH_WORDS[word]
             hits.append((meaning, f"{event.source}:{event.line}: {event.raw[:200]}"))
             if event.rank is not None:
                 ranks.add(event.rank)
