@@ -5,6 +5,7 @@ import polars as pl
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.records.compare import agreement, describe_split
 
 
 class UnevenShards(Rule):
@@ -55,6 +56,13 @@ class UnevenShards(Rule):
             evidence.append(f"ranks ran different step counts: {lo} on {fmt_ranks(short)} vs up to {hi}")
             ranks.update(short)
             confidence = max(confidence, 0.7)
+        shard_sizes = self._shard_sizes(ev)
+        if shard_sizes:
+            # Each rank's own shard: with whole batches only (drop_remainder) the steps look
+            # alike until the longer shard's extra batches meet no partner.
+            evidence.append("the ranks' shards hold different numbers of samples: " + describe_split(shard_sizes))
+            ranks.update(agreement(shard_sizes).odd)
+            confidence = max(confidence, 0.75 if len(evidence) > 1 or ev.first_failure or ev.ended_early else 0.65)
         drop = {(info or {}).get("drop_last") for info in ev.snapshot_values("loader").values()}
         if False in drop and evidence:
             evidence.append("the loader does not drop the last partial batch (drop_last=False)")
@@ -69,3 +77,17 @@ class UnevenShards(Rule):
         if not confidence:
             return None
         return self.found(confidence, evidence, ranks=sorted(ranks))
+
+    @staticmethod
+    def _shard_sizes(ev: Evidence) -> dict[int, int] | None:
+        """Samples in each rank's data set, when they differ: one data set cut by a
+        sampler has one length everywhere, so different lengths are per-rank shards
+        (files, slices, `dataset.shard`) of different sizes."""
+        sizes = {}
+        for rank, info in ev.snapshot_values("loader").items():
+            n = (info or {}).get("dataset_len")
+            if isinstance(n, int) and not isinstance(n, bool):
+                sizes[rank] = n
+        if len(sizes) < 2 or len(set(sizes.values())) == 1:
+            return None
+        return sizes
