@@ -1,24 +1,45 @@
 #!/usr/bin/env bash
-# Set-up on a fresh machine with only Python. Idempotent.
-#  .venv     syncdoctor, the CPU build of torch pinned for this machine (the package
-#            itself only asks for torch>=2.1, so GPU users keep their CUDA build),
-#            the test tools, and Chromium for the HTML report test.
-#  .venv-ms  syncdoctor with the MindSpore extra (mindspore needs numpy<2, torch
-#            does not, so the two live apart); skipped with a message where no
-#            MindSpore wheel exists for this platform.
+# Set-up on a fresh machine with only Python (Linux). Idempotent.
+#
+#   bash scripts/setup.sh          what `syncdoctor demo` needs, in .venv: syncdoctor,
+#                                  the CPU build of torch pinned for this machine (the
+#                                  package itself asks only for torch>=2.1, so GPU users
+#                                  keep their CUDA build) and scikit-learn (the digits set)
+#   bash scripts/setup.sh --test   also what the test suite needs: the test tools, the
+#                                  client zoo (Lightning, transformers, accelerate), the
+#                                  TensorBoard writer, Chromium for the HTML report tests,
+#                                  and MindSpore in its own .venv-ms (it needs numpy<2)
+#
+# scripts/test.sh runs the --test set-up itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+TEST=0
+case "${1:-}" in
+    "") ;;
+    --test) TEST=1 ;;
+    *) echo "usage: bash scripts/setup.sh [--test]" >&2; exit 2 ;;
+esac
+
 PYTHON=${PYTHON:-python3}
+TORCH=${SYNCDOCTOR_TORCH:-torch==2.13.0}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[dev,zoo]"
-bash scripts/install_chromium.sh >/dev/null
+if [ "$TEST" = 1 ]; then
+    .venv/bin/python -m pip install -q "$TORCH" -e ".[dev,zoo,tensorboard]"
+else
+    .venv/bin/python -m pip install -q "$TORCH" -e ".[lab]"
+fi
 echo "syncdoctor set up in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
+if [ "$TEST" = 0 ]; then
+    echo "next: .venv/bin/syncdoctor demo   (the test set-up: bash scripts/setup.sh --test, or just bash scripts/test.sh)"
+    exit 0
+fi
+
+bash scripts/install_chromium.sh >/dev/null
+echo "Chromium: $(/usr/bin/chromium --version 2>/dev/null || echo missing)"
 
 if [ "${SYNCDOCTOR_SKIP_MINDSPORE:-0}" != 1 ]; then
     [ -x .venv-ms/bin/python ] || "$PYTHON" -m venv .venv-ms
-    .venv-ms/bin/python -m pip install -q --upgrade pip
     if .venv-ms/bin/python -m pip install -q "mindspore==2.10.0" "numpy<2" -e ".[mindspore]" \
             scikit-learn pytest pytest-timeout hypothesis; then
         echo "MindSpore set up in .venv-ms ($(.venv-ms/bin/python -c 'import mindspore; print("mindspore", mindspore.__version__)' 2>/dev/null))"

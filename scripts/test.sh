@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# The whole test suite: everything in .venv, then the MindSpore tests in .venv-ms
-# (they skip, saying why, where MindSpore could not be installed).
+# The whole test suite, set-up included: `bash scripts/setup.sh --test` (idempotent:
+# quick when everything is there; SYNCDOCTOR_NO_SETUP=1 skips it), then everything
+# in .venv, then the MindSpore tests in .venv-ms (they skip, saying why, where
+# MindSpore could not be installed). Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${SYNCDOCTOR_NO_SETUP:-0}" != 1 ]; then
+    bash scripts/setup.sh --test
+fi
 .venv/bin/python -m pytest --ignore=tests/mindspore "$@"
 if [ -x .venv-ms/bin/python ]; then
     .venv-ms/bin/python -m pytest tests/mindspore "$@"

@@ -9,7 +9,7 @@ import polars as pl
 
 from syncdoctor.cli import InputError
 from syncdoctor.doctor.evidence import Evidence
-from syncdoctor.doctor.model import Diagnosis, Finding, RankSummary, Verdict
+from syncdoctor.doctor.model import AgreementSpan, Diagnosis, Finding, RankSummary, Verdict
 from syncdoctor.doctor.rules import all_rules
 from syncdoctor.records import RecordError, read_run
 from syncdoctor.records.reader import is_run_dir
@@ -82,6 +82,38 @@ def verdict_for(ev: Evidence, findings: list[Finding]) -> Verdict:
     return "inconclusive"
 
 
+def _alone_in_reduce(ev: Evidence, since: int) -> dict[int, int]:
+    """Ranks whose gradient came out of the reduction equal to their own (ratio 1.0)
+    at a detailed step from ``since`` on, in a job of several ranks: the first such
+    step per rank. Averaging with anyone changes the norm."""
+    if not ev.has_records or "reduce_ratio" not in ev.steps.columns or (ev.world_size or 1) < 2:
+        return {}
+    rows = ev.steps.filter((pl.col("step") >= since) & ((pl.col("reduce_ratio") - 1).abs() < 1e-6))
+    agg = rows.group_by("rank").agg(pl.col("step").min())
+    return {int(r): int(s) for r, s in agg.iter_rows()}
+
+
+def _rank_status(rank: int, ev: Evidence, failed: dict[int, str], alone: dict[int, int],
+                 odd: set[int], div_step: int | None, last_step: int | None) -> tuple[str, str]:
+    """(status, note) for one rank that left data: what the evidence says about it."""
+    steps = ev.step_counts.get(rank)
+    if rank in failed:
+        return "crashed", failed[rank]
+    if rank in ev.ended_early or (steps is not None and last_step is not None and steps < last_step):
+        return "ended early", f"last step {steps} of {last_step}" if steps is not None else ""
+    if rank in alone and (rank in odd or not odd):
+        return "left out of the average", (f"from step {alone[rank]} its reduced gradient equals its own "
+                                           "(ratio 1.0): it was averaged with no other rank")
+    if rank in odd:
+        note = f"its parameters parted from the majority's at step {div_step}"
+        if rank in alone:
+            note += f"; not averaged with the others from step {alone[rank]}"
+        return "odd one out", note
+    if rank in alone:
+        return "ok", f"from step {alone[rank]} its reduced gradient equals its own (averaged alone)"
+    return "ok", ""
+
+
 def rank_summaries(ev: Evidence) -> list[RankSummary]:
     out = []
     stats = {}
@@ -91,9 +123,23 @@ def rank_summaries(ev: Evidence) -> list[RankSummary]:
         stats = {int(r): (last, mean) for r, last, mean in agg.iter_rows() if r is not None}
     norms = {}
     if ev.has_records:
-        agg = ev.steps.group_by("rank").agg(pl.col("grad_norm").median())
+        # Each rank's own gradient (before the reduction) where measured: the reduced
+        # one is the same on every healthy rank.
+        column = _grad_norm_column(ev)
+        agg = ev.steps.group_by("rank").agg(pl.col(column).median())
         norms = {int(r): n for r, n in agg.iter_rows()}
-    failed = {e.rank for e in ev.events_of("crash", "oom")}
+    failed: dict[int, str] = {}
+    for e in ev.events_of("crash", "oom", "exception"):
+        if e.rank is not None:
+            failed.setdefault(int(e.rank), f"{e.kind}: {e.raw[:160]}")
+    if ev.records is not None:
+        for rank, end in ev.records.ends.items():
+            if end.get("status") == "exception":
+                failed.setdefault(int(rank), f"exited on an exception: {str(end.get('message', ''))[:160]}")
+    div = ev.divergence
+    odd = set(div.ranks) if div else set()
+    alone = _alone_in_reduce(ev, div.step) if div else {}
+    last_step = max(ev.step_counts.values()) if ev.step_counts else None
     expected = range(ev.world_size) if ev.world_size else ev.ranks
     present = set(ev.ranks)
     absent = len(expected) - len(present.intersection(expected))
@@ -105,16 +151,19 @@ def rank_summaries(ev: Evidence) -> list[RankSummary]:
     for rank in expected:
         last, mean = stats.get(rank, (None, None))
         if rank not in present:
-            status = "missing"
-        elif rank in failed:
-            status = "crashed"
-        elif rank in ev.ended_early:
-            status = "ended early"
+            status, note = "missing", ""
         else:
-            status = "ok"
+            status, note = _rank_status(rank, ev, failed, alone, odd, div.step if div else None, last_step)
         out.append(RankSummary(rank=rank, steps=ev.step_counts.get(rank), last_loss=last, mean_loss=mean,
-                               grad_norm=norms.get(rank), status=status))
+                               grad_norm=norms.get(rank), status=status, note=note))
     return out
+
+
+def _grad_norm_column(ev: Evidence) -> str:
+    steps = ev.steps
+    if "grad_norm_local" in steps.columns and steps["grad_norm_local"].null_count() < steps.height:
+        return "grad_norm_local"
+    return "grad_norm"
 
 
 SERIES_POINTS = 2000  # per rank, for the plots: each bucket keeps its min and max, so spikes survive
@@ -185,12 +234,16 @@ def diagnose_evidence(ev: Evidence) -> Diagnosis:
         rank_shapes=ev.rank_shapes,
         ranks=rank_summaries(ev),
         divergence_step=div.step if div else None,
+        last_agree_step=div.last_agree_step if div else None,
+        agreement=[AgreementSpan(**span) for span in ev.agreement],
+        world_size=ev.world_size,
+        grad_norm_kind=("local" if _grad_norm_column(ev) == "grad_norm_local" else "reduced") if ev.has_records else "",
         events=ev.events,
         warnings=ev.warnings,
         sources=sorted({str(p) for p in (ev.logs.files if ev.logs is not None else [])}
                        | ({str(ev.records.run_dir / "records")} if ev.records is not None else set())),
         loss_series=_series(ev.losses.sort("rank", "step"), "loss"),
-        grad_norm_series=_series(ev.steps.sort("rank", "step"), "grad_norm") if ev.has_records else {},
+        grad_norm_series=_series(ev.steps.sort("rank", "step"), _grad_norm_column(ev)) if ev.has_records else {},
     )
 
 

@@ -37,6 +37,9 @@ class Divergence:
     what: list[str]  # param, opt, grad, buffer, counter, mode, data
     tensor: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    # The last check before `step` at which every rank's parameters agreed: the
+    # replicas parted somewhere in (last_agree_step, step]. None: no such check.
+    last_agree_step: int | None = None
 
 
 @dataclass
@@ -244,7 +247,66 @@ class Evidence:
                 best.what = sorted(set(best.what) | set(other.what))
                 best.ranks = sorted(set(best.ranks) | set(other.ranks))
         best.what = sorted(set(best.what) | self._parted_when_next_measured(best.step))
+        agreed = [s for s, parted in self._agreement_per_check if not parted and s < best.step]
+        best.last_agree_step = max(agreed) if agreed else None
         return best
+
+    @cached_property
+    def _agreement_per_check(self) -> list[tuple[int, list[int]]]:
+        """(step, ranks outside the majority) at every step where two or more ranks
+        fingerprinted their parameters; the majority as records.compare has it (on a
+        tie the lowest rank's value is the reference)."""
+        if not self.has_records or "param_fp" not in self.steps.columns:
+            return []
+        rows = self.steps.filter(pl.col("param_fp").is_not_null()).select("step", "rank", "param_fp")
+        if not rows.height:
+            return []
+        groups = rows.group_by("step", "param_fp").agg(pl.len().alias("n"), pl.col("rank").min().alias("lo"))
+        reference = (groups.sort(["step", "n", "lo"], descending=[False, True, False])
+                     .unique("step", keep="first", maintain_order=True)
+                     .select("step", pl.col("param_fp").alias("_ref")))
+        per_check = (rows.join(reference, on="step")
+                     .group_by("step")
+                     .agg(pl.len().alias("n"),
+                          pl.col("rank").filter(pl.col("param_fp") != pl.col("_ref")).sort().alias("parted"))
+                     .filter(pl.col("n") > 1).sort("step"))
+        return [(int(s), list(p)) for s, p in zip(per_check["step"], per_check["parted"], strict=True)]
+
+    @cached_property
+    def agreement(self) -> list[dict[str, Any]]:
+        """The replica-agreement timeline: runs of consecutive parameter checks with
+        the same outcome, as dicts of AgreementSpan's fields."""
+        per_check = self._agreement_per_check
+        if not per_check:
+            return []
+        reporting = (self.steps.filter(pl.col("param_fp").is_not_null()).group_by("step")
+                     .agg(pl.col("rank").sort()).sort("step"))
+        ranks_at = dict(zip(reporting["step"].to_list(), reporting["rank"].to_list(), strict=True))
+        expected = set(range(self.world_size)) if self.world_size else set(self.ranks)
+        mismatches: dict[int, dict[str, Any]] = {}
+        for c in self.checks:
+            if c.get("status") == "mismatch" and isinstance(c.get("step"), int):
+                mismatches.setdefault(c["step"], c)
+        spans: list[dict[str, Any]] = []
+        for step, parted in per_check:
+            present = ranks_at.get(step, [])
+            missing = sorted(expected - set(present)) if len(present) < len(expected) else []
+            key = (tuple(parted), tuple(missing))
+            last = spans[-1] if spans else None
+            if last is None or last["_key"] != key:
+                last = {"_key": key, "first_step": step, "last_step": step, "checks": 0, "ranks": len(present),
+                        "parted": parted, "missing": missing, "what": [], "tensor": None}
+                spans.append(last)
+            last["last_step"] = step
+            last["checks"] += 1
+        for span in spans:
+            seen = [c for s, c in mismatches.items() if span["first_step"] <= s <= span["last_step"]]
+            span["what"] = sorted({w for c in seen for w in c.get("what") or [] if isinstance(w, str)})
+            span["tensor"] = next((c.get("tensor") for c in seen if c.get("tensor")), None)
+            if span["parted"] and not span["what"]:
+                span["what"] = ["param"]
+            del span["_key"]
+        return spans
 
     def _parted_when_next_measured(self, step: int) -> set[str]:
         """Reduced gradients and optimizer state are fingerprinted less often than the

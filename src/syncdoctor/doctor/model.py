@@ -94,6 +94,21 @@ class RankSummary:
 
 
 @dataclass
+class AgreementSpan:
+    """Consecutive cross-rank checks of the parameters with the same outcome: which
+    ranks held the majority's parameters and which had parted from them."""
+
+    first_step: int
+    last_step: int
+    checks: int  # check steps in the span
+    ranks: int  # ranks that reported at these checks
+    parted: list[int] = field(default_factory=list)  # outside the majority; empty: all agreed
+    missing: list[int] = field(default_factory=list)  # expected ranks that did not report
+    what: list[str] = field(default_factory=list)  # what the live check saw differ (param, grad, ...)
+    tensor: str | None = None  # first differing tensor, from the live check
+
+
+@dataclass
 class Diagnosis:
     verdict: Verdict
     loss_shape: LossShape | None
@@ -107,6 +122,12 @@ class Diagnosis:
     # Series for plots, at most SERIES_POINTS per rank: {rank: [[step, value], ...]}
     loss_series: dict[int, list[list[float]]] = field(default_factory=dict)
     grad_norm_series: dict[int, list[list[float]]] = field(default_factory=dict)
+    # The divergence bracket: the last check at which every rank agreed before
+    # divergence_step (None: none did, or no check came before it).
+    last_agree_step: int | None = None
+    agreement: list[AgreementSpan] = field(default_factory=list)  # the replica-agreement timeline
+    world_size: int | None = None
+    grad_norm_kind: str = ""  # "local": each rank's own gradient before the reduction; "reduced": after it
 
     def to_json(self, include_series: bool = False) -> dict[str, Any]:
         """The JSON form; plot series only on request (they dominate its size)."""
@@ -122,6 +143,12 @@ class Diagnosis:
             else:
                 out[f.name] = asdict(value) if is_dataclass(value) else value
         return out
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows a diagnosis as its report (static SVG charts, no script)."""
+        from syncdoctor.doctor.report.html import render_fragment
+
+        return render_fragment(self)
 
     @property
     def exit_code(self) -> int:

@@ -2,33 +2,36 @@
 
 Safety model: the page shows text taken from logs written by whatever ran on the
 cluster, so every such string is cleaned (:func:`clean`) and HTML-escaped where it
-is inserted; chart data reaches JavaScript only through a non-executed
-``application/json`` block whose ``<``, ``>`` and ``&`` are written as ``\\u003c``
-etc., so no log line can close the block or open a tag. On top of that a
-Content-Security-Policy allows exactly the two inline scripts written here (by
-SHA-256 hash), no network access at all, and no plugins, so even an escaping bug
-could not run a script or phone home.
+is inserted. The charts are static SVG drawn here (charts.py), so the page holds no
+script at all, and its Content-Security-Policy forbids every script, every network
+access and every plugin: even an escaping bug could not run code or phone home.
 
-Size: plotly.js (~4.8 MB) is embedded once; each rank's series is reduced with a
-min/max-per-bucket downsampler (spikes survive) to at most 2,000 points, and fewer
-when there are many ranks, so a 256-rank × 10,000-step run stays around 10 MB.
+Size: no plotting bundle; lines are reduced to two points per pixel column, rank ×
+step grids are small PNGs, so a 256-rank × 100,000-step run is a few hundred kB.
+
+:func:`render_fragment` is the same report without the page around it (Jupyter's
+``Diagnosis._repr_html_``).
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
 import math
+import re
 from html import escape
 from itertools import chain
-from typing import Any
 
 import numpy as np
-import plotly
-from plotly.offline import get_plotlyjs
 
-from syncdoctor.doctor.model import DIAGNOSIS_SCHEMA, Diagnosis, Event, Finding, LossShape
+from syncdoctor.doctor.model import (
+    DIAGNOSIS_SCHEMA,
+    AgreementSpan,
+    Diagnosis,
+    Event,
+    Finding,
+    LossShape,
+)
+from syncdoctor.doctor.report import charts as ch
+from syncdoctor.doctor.report.charts import downsample
 from syncdoctor.doctor.report.common import (
     VERDICT_TEXT,
     clean,
@@ -39,13 +42,16 @@ from syncdoctor.doctor.report.common import (
     summarize_events,
 )
 
-MAX_POINTS_PER_RANK = 2000
-_TOTAL_POINT_BUDGET = 300_000  # across all ranks: keeps the file and the SVG light
-_MIN_POINTS_PER_RANK = 200
-_HEATMAP_MAX_BINS = 400
+__all__ = ["downsample", "render_fragment", "render_html"]
+
 _MAX_EVENT_MARKERS = 2000
 _MAX_EVENT_ROWS = 200
-_PLOT_CLIP = 1e300  # plotly's axis maths overflows near 1.8e308 (range padding)
+_MAX_SPAN_ROWS = 40
+# Events drawn on the step axis: communication and process trouble. The probe's own
+# mismatch lines ("syncdoctor: ... mismatch at step 50") are the timeline's business.
+_MARKED_KINDS = {"timeout", "retry", "watchdog", "network", "crash", "oom", "exception", "signal",
+                 "exit", "configuration"}
+_STEP_IN_TEXT = re.compile(r"\bat step (\d{1,12})\b")
 
 _SHAPE_CLASS = {
     "decreasing": "ok",
@@ -64,49 +70,41 @@ _VERDICT_CLASS = {
     "not_sync_problem": "warn",
     "inconclusive": "info",
 }
+_STATUS_CLASS = {"ok": "ok", "ended early": "warn", "missing": "warn", "stalled": "warn"}
+CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+       "base-uri 'none'; form-action 'none'")
 
 
 def render_html(diag: Diagnosis, title: str = "syncdoctor report") -> str:
     """Return the complete HTML page for ``diag``."""
-    data = _chart_data(diag)
-    data_json = _script_safe_json(data)
-    app_js = _APP_JS
-    plotly_js = get_plotlyjs().replace(
-        "</script", "<\\/script"
-    )  # never present today; cheap insurance
-    csp = (
-        "default-src 'none'; "
-        f"script-src {_csp_hash(plotly_js)} {_csp_hash(app_js)}; "
-        "style-src 'unsafe-inline'; img-src data: blob:; font-src data:; "
-        "connect-src 'none'; base-uri 'none'; form-action 'none'"
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{escape(CSP)}">\n'
+        '<meta name="referrer" content="no-referrer">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{escape(clean(title, oneline=True))}</title>\n"
+        "</head><body>\n"
+        f"{render_fragment(diag, title)}\n"
+        "</body></html>\n"
     )
+
+
+def render_fragment(diag: Diagnosis, title: str = "syncdoctor report") -> str:
+    """The report as one <div> with its own (scoped) style: for pages and notebooks."""
     body = "\n".join(
         [
             _header(diag, title),
             _shape_section(diag),
             _findings_section(diag.findings),
-            _charts_section(diag, data),
+            _charts_section(diag),
             _ranks_section(diag),
             _events_section(diag.events),
             _list_section("Input warnings", diag.warnings, "warnings"),
             _list_section("Sources", diag.sources, "sources"),
         ]
     )
-    return (
-        "<!DOCTYPE html>\n"
-        '<html lang="en"><head><meta charset="utf-8">\n'
-        f'<meta http-equiv="Content-Security-Policy" content="{escape(csp)}">\n'
-        '<meta name="referrer" content="no-referrer">\n'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{escape(clean(title, oneline=True))}</title>\n"
-        f"<style>{_CSS}</style>\n"
-        f"<script>{plotly_js}</script>\n"
-        "</head><body>\n"
-        f"{body}\n"
-        f'<script type="application/json" id="sd-data">{data_json}</script>\n'
-        f"<script>{app_js}</script>\n"
-        "</body></html>\n"
-    )
+    return f'<div class="sdr"><style>{_CSS}</style>\n{body}\n</div>'
 
 
 # --- text sections -----------------------------------------------------------------------------
@@ -117,18 +115,42 @@ def _e(text: object, limit: int | None = None, oneline: bool = False) -> str:
     return escape(clean(text, oneline=oneline, limit=limit), quote=True)
 
 
+def bracket_text(diag: Diagnosis) -> str:
+    """'between step 41 and 50' — where the replicas parted, as closely as the checks tell."""
+    div = diag.divergence_step
+    if div is None:
+        return ""
+    last = diag.last_agree_step
+    if last is None:
+        return f"at or before step {div} (no earlier check agreed)"
+    if last + 1 >= div:
+        return f"at step {div}"
+    return f"between step {last + 1} and {div}"
+
+
 def _header(diag: Diagnosis, title: str) -> str:
     cls = _VERDICT_CLASS.get(diag.verdict, "info")
     verdict = VERDICT_TEXT.get(diag.verdict, str(diag.verdict))
-    div = (
-        f"<p>Ranks diverge from step <b>{_e(diag.divergence_step)}</b>.</p>"
-        if diag.divergence_step is not None
-        else ""
-    )
+    div = ""
+    if diag.divergence_step is not None:
+        last = (f"the last check where all ranks agreed: step {_e(diag.last_agree_step)}; "
+                if diag.last_agree_step is not None else "")
+        div = (f"<p>Replicas parted <b>{_e(bracket_text(diag))}</b> "
+               f'<span class="detail">({last}the first where they differed: step '
+               f"{_e(diag.divergence_step)})</span>.</p>")
+    facts = []
+    if diag.world_size:
+        facts.append(f"{diag.world_size} rank{'s' if diag.world_size != 1 else ''}")
+    steps = [r.steps for r in diag.ranks if r.steps is not None]
+    if steps:
+        facts.append(f"{max(steps):,} steps")
+    checks = sum(s.checks for s in diag.agreement)
+    if checks:
+        facts.append(f"{checks:,} replica checks")
     return (
         f"<header><h1>{_e(title, oneline=True)}</h1>"
         f'<p class="verdict {cls}">{_e(verdict)}</p>{div}'
-        f'<p class="meta">{_e(DIAGNOSIS_SCHEMA)} · plotly {_e(plotly.__version__)}</p></header>'
+        f'<p class="meta">{_e(" · ".join([*facts, DIAGNOSIS_SCHEMA]))}</p></header>'
     )
 
 
@@ -183,31 +205,12 @@ def _findings_section(findings: list[Finding]) -> str:
     return f'<section id="findings"><h2>Findings</h2>{cards}</section>'
 
 
-def _charts_section(diag: Diagnosis, data: dict[str, Any]) -> str:
-    parts = ['<section id="charts"><h2>Charts</h2>']
-    parts.append(
-        "<noscript><p>Charts need JavaScript; the tables below hold the same facts.</p></noscript>"
-        '<p id="sd-chart-status" class="detail" role="status">Drawing charts…</p>'
-    )
-    if data["loss"]:
-        note = (
-            " (downsampled: min and max per bucket, so spikes stay visible)" if data["down"] else ""
-        )
-        parts.append(f'<h3>Loss per rank{note}</h3><div id="sd-loss" class="chart"></div>')
-    if data["heat"] is not None:
-        parts.append(
-            "<h3>Gradient norm, rank × step (log10; max per step bucket; non-finite left blank)</h3>"
-            '<div id="sd-heat" class="chart"></div>'
-        )
-    if not data["loss"] and data["heat"] is None:
-        parts.append("<p>No series to plot.</p>")
-    parts.append("</section>")
-    return "".join(parts)
-
-
-def _table(headers: list[str], rows: list[list[str]], caption: str = "") -> str:
-    head = "".join(f"<th>{h}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+def _table(headers: list[str], rows: list[list[str]], caption: str = "", cls: list[str] | None = None) -> str:
+    classes = cls or [""] * len(headers)
+    head = "".join(f'<th class="{c}">{h}</th>' if c else f"<th>{h}</th>" for h, c in zip(headers, classes, strict=True))
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{c}">{v}</td>' if c else f"<td>{v}</td>" for v, c in zip(row, classes, strict=True))
+        + "</tr>" for row in rows)
     cap = f"<caption>{caption}</caption>" if caption else ""
     return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
@@ -225,7 +228,7 @@ def _ranks_section(diag: Diagnosis) -> str:
             if shape
             else ""
         )
-        status_cls = "ok" if r.status == "ok" else ("bad" if r.status else "")
+        status_cls = _STATUS_CLASS.get(r.status, "bad") if r.status else ""
         rows.append(
             [
                 _e(r.rank),
@@ -234,20 +237,34 @@ def _ranks_section(diag: Diagnosis) -> str:
                 _e(fmt_num(r.mean_loss)),
                 _e(fmt_num(r.grad_norm)),
                 shape_cell,
-                f'<span class="{status_cls}">{_e(r.status, limit=40)}</span>',
+                f'<span class="st {status_cls}">{_e(r.status, limit=40)}</span>',
                 _e(r.note, limit=500),
             ]
         )
-    headers = ["rank", "steps", "last loss", "mean loss", "grad norm", "shape", "status", "note"]
-    return f'<section id="ranks"><h2>Per rank</h2>{_table(headers, rows)}</section>'
+    norm = {"local": "grad norm (own, median)", "reduced": "grad norm (reduced, median)"}.get(
+        diag.grad_norm_kind, "grad norm")
+    headers = ["rank", "steps", "last loss", "mean loss", norm, "shape", "status", "note"]
+    cls = ["num", "num", "num", "num", "num", "nowrap", "nowrap", ""]
+    return f'<section id="ranks"><h2>Per rank</h2>{_table(headers, rows, cls=cls)}</section>'
+
+
+def _named_step(e: Event) -> int | None:
+    """The step a line talks about ("... mismatch at step 50"), when it names one."""
+    m = _STEP_IN_TEXT.search(clean(e.raw))
+    return int(m.group(1)) if m else None
 
 
 def _event_row(e: Event) -> list[str]:
     src = clean(e.source, oneline=True, limit=200) + (f":{e.line}" if e.line is not None else "")
+    named = _named_step(e)
+    if named is not None and named != e.step:
+        step = f"{named}" + (f' <span class="detail">(logged at {_e(e.step)})</span>' if e.step is not None else "")
+    else:
+        step = _e(fmt_num(e.step))
     return [
         _e(e.kind, limit=40),
         _e(fmt_num(e.rank)),
-        _e(fmt_num(e.step)),
+        step,
         _e(e.host, limit=80) if e.host else "",
         f"<code>{_e(e.raw, limit=1000)}</code>",
         escape(src),
@@ -271,6 +288,7 @@ def _events_section(events: list[Event]) -> str:
             ["kind", "rank", "step", "host", "line", "source"],
             [_event_row(e) for e in summary.notable],
             caption,
+            cls=["nowrap", "num", "nowrap", "nowrap", "", ""],
         )
         if summary.notable
         else "<p>All events are known-benign.</p>"
@@ -285,61 +303,12 @@ def _list_section(heading: str, items: list[str], anchor: str) -> str:
     return f'<section id="{anchor}"><h2>{escape(heading)}</h2><ul>{lis}</ul></section>'
 
 
-# --- chart data --------------------------------------------------------------------------------
-
-
-def _chart_data(diag: Diagnosis) -> dict[str, Any]:
-    n_ranks = max(len(diag.loss_series), 1)
-    per_rank = min(MAX_POINTS_PER_RANK, max(_MIN_POINTS_PER_RANK, _TOTAL_POINT_BUDGET // n_ranks))
-    loss = []
-    down = False
-    positive_min, overall_max = math.inf, -math.inf
-    for rank in sorted(diag.loss_series):
-        steps, values = _as_arrays(diag.loss_series[rank])
-        if steps.size == 0:
-            continue
-        down |= steps.size > per_rank
-        x, y = downsample(steps, values, per_rank)
-        finite = y[np.isfinite(y)]
-        if finite.size:
-            pos = finite[finite > 0]
-            if pos.size:
-                positive_min = min(positive_min, float(pos.min()))
-            overall_max = max(overall_max, float(finite.max()))
-        loss.append({"r": int(rank), "x": _compact(x), "y": _compact(y)})
-    # A loss that spans many decades (a blow-up) is unreadable on a linear axis.
-    # Zeros (and -0.0) are allowed on the log axis; plotly just leaves them out.
-    no_negative = all(v is None or v >= 0 for s in loss for v in s["y"])
-    log_y = positive_min < math.inf and no_negative and overall_max / positive_min > 1e3
-
-    events = [e for e in diag.events if not e.benign and e.step is not None]
-    markers = [
-        {
-            "x": int(e.step),  # type: ignore[arg-type]
-            "k": clean(e.kind, oneline=True, limit=40),
-            # plotly hover text understands a little HTML and decodes entities, so
-            # it gets escaped text (shown literally), never raw log text.
-            "t": escape(
-                f"{clean(e.kind, oneline=True, limit=40)} · rank {fmt_num(e.rank)} · step {e.step}"
-                f" · {clean(e.raw, oneline=True, limit=160)}"
-            ),
-        }
-        for e in events[:_MAX_EVENT_MARKERS]
-    ]
-    return {
-        "loss": loss,
-        "down": down,
-        "logy": log_y,
-        "div": diag.divergence_step,
-        "events": markers,
-        "heat": _heatmap(diag.grad_norm_series),
-    }
+# --- charts ------------------------------------------------------------------------------------
 
 
 def _as_arrays(pairs: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
     """[[step, value], ...] → (steps, values) sorted by step, rows without a step dropped."""
     try:
-        # Twice as fast as np.asarray on nested lists, which matters at 256 × 10k.
         arr = np.fromiter(chain.from_iterable(pairs), float, count=2 * len(pairs)).reshape(-1, 2)
     except (TypeError, ValueError):  # ragged or odd rows: let numpy say what is wrong
         arr = np.asarray(pairs, dtype=float).reshape(-1, 2)
@@ -348,184 +317,330 @@ def _as_arrays(pairs: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
     return arr[order, 0], arr[order, 1]
 
 
-def downsample(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
-    """At most ``max_points`` points that keep each bucket's minimum and maximum.
-
-    Plain striding would drop exactly the one-step spikes a reader is looking for.
-    A bucket holding a non-finite value keeps a NaN point so the line shows a gap
-    where the loss blew up.
-    """
-    n = x.size
-    if n <= max_points:
-        return x, y
-    buckets = max(max_points // 2, 1)
-    size = math.ceil(n / buckets)
-    buckets = math.ceil(n / size)
-    pad = buckets * size - n
-    yv = np.concatenate([y, np.full(pad, np.nan)]).reshape(buckets, size)
-    bad = np.concatenate([~np.isfinite(y), np.zeros(pad, bool)]).reshape(buckets, size)
-    finite = np.isfinite(yv)
-    lo = np.argmin(np.where(finite, yv, np.inf), axis=1)
-    hi = np.argmax(np.where(finite, yv, -np.inf), axis=1)
-    # Keep the two picks of a bucket in step order.
-    base = np.arange(buckets) * size
-    idx = np.minimum(
-        np.stack([base + np.minimum(lo, hi), base + np.maximum(lo, hi)], 1).ravel(), n - 1
-    )
-    xs, ys = x[idx], y[idx].copy()
-    # A bucket that held a NaN/inf turns its second pick into a gap in the line.
-    ys[1::2][bad.any(axis=1)] = np.nan
-    return xs, ys
+def _series_arrays(series: dict[int, list[list[float]]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    out = {}
+    for rank in sorted(series):
+        try:
+            steps, values = _as_arrays(series[rank])
+        except (TypeError, ValueError):
+            continue
+        if steps.size:
+            out[int(rank)] = (steps, values)
+    return out
 
 
-def _compact(a: np.ndarray) -> list[float | int | None]:
-    """JSON-ready numbers with 6 significant digits (halves the text), None for non-finite."""
-    a = np.asarray(a, dtype=float)
-    finite = np.isfinite(a)
-    if finite.all() and np.all(a == np.round(a)) and np.all(np.abs(a) < 2**53):
-        return a.astype(np.int64).tolist()  # steps: plain integers
-    out = np.where(finite, np.clip(a, -_PLOT_CLIP, _PLOT_CLIP), 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mag = np.floor(np.log10(np.abs(out)))
-    mag = np.where(np.isfinite(mag), mag, 0.0)
-    scale = 10.0 ** (5 - mag)
-    rounded = np.where(np.abs(mag) < 290, np.round(out * scale) / scale, out)
-    values: list[float | int | None] = rounded.tolist()
-    if not finite.all():
-        for i in np.flatnonzero(~finite):
-            values[i] = None
-    return values
+def _highlighted(diag: Diagnosis) -> list[int]:
+    """Ranks the evidence singles out, for drawing on top of an envelope."""
+    marked = [r.rank for r in diag.ranks if r.status not in ("ok", "", "missing")]
+    for f in diag.findings:
+        marked += f.ranks
+    seen: list[int] = []
+    for r in marked:
+        if r not in seen:
+            seen.append(r)
+    return seen[:ch.MAX_HIGHLIGHT]
 
 
-def _heatmap(series: dict[int, list[list[float]]]) -> dict[str, Any] | None:
-    ranks = [r for r in sorted(series) if len(series[r])]
-    if not ranks:
-        return None
-    arrays = [_as_arrays(series[r]) for r in ranks]
-    lo = min(float(s.min()) for s, _ in arrays if s.size)
-    hi = max(float(s.max()) for s, _ in arrays if s.size)
-    span = int(hi - lo) + 1
-    bins = max(1, min(_HEATMAP_MAX_BINS, span))
-    width = span / bins
-    z = np.full((len(ranks), bins), np.nan)
-    for row, (steps, values) in enumerate(arrays):
+def _charts_section(diag: Diagnosis) -> str:
+    loss = _series_arrays(diag.loss_series)
+    grad = _series_arrays(diag.grad_norm_series)
+    span_steps = [s for a in diag.agreement for s in (a.first_step, a.last_step)]
+    domain = ch.step_domain([s for s, _ in chain(loss.values(), grad.values())],
+                            [*span_steps, diag.divergence_step, diag.last_agree_step])
+    xs = ch.Scale(domain[0], domain[1], ch.LEFT, ch.WIDTH - ch.RIGHT)
+    parts = ['<section id="charts"><h2>Charts</h2>']
+    parts.append(_agreement_chart(diag, xs))
+    if loss:
+        parts.append(_loss_chart(diag, loss, xs))
+    if grad:
+        parts.append(_grad_chart(diag, grad, xs))
+    if not loss and not grad:
+        parts.append("<p>No loss or gradient-norm series to plot.</p>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _legend(items: list[tuple[str, str, str]]) -> str:
+    """(kind, colour, text) → a one-line HTML legend; kind: line | band | mark."""
+    out = []
+    for kind, colour, text in items:
+        out.append(f'<span class="lg"><i class="{kind}" style="background:{colour}"></i>{_e(text)}</span>')
+    return f'<p class="legend">{"".join(out)}</p>'
+
+
+def _bracket_svg(diag: Diagnosis, xs: ch.Scale, top: float, bottom: float) -> str:
+    div = diag.divergence_step
+    if div is None:
+        return ""
+    x1 = float(xs.px(div))
+    parts = []
+    if diag.last_agree_step is not None:
+        x0 = float(xs.px(diag.last_agree_step))
+        parts.append(f'<rect class="bracket" x="{ch._f(x0)}" y="{ch._f(top)}" width="{ch._f(max(x1 - x0, 2))}" '
+                     f'height="{ch._f(bottom - top)}"><title>replicas parted {escape(bracket_text(diag))}</title></rect>')
+    parts.append(f'<line class="div" x1="{ch._f(x1)}" y1="{ch._f(top)}" x2="{ch._f(x1)}" y2="{ch._f(bottom)}"/>')
+    anchor = "end" if x1 > ch.LEFT + ch.PLOT_W * 0.6 else "start"
+    dx = -4 if anchor == "end" else 4
+    parts.append(f'<text class="divl" x="{ch._f(x1 + dx)}" y="{ch._f(top - 6)}" text-anchor="{anchor}">'
+                 f"replicas parted {escape(bracket_text(diag))}</text>")
+    return "".join(parts)
+
+
+def _agreement_chart(diag: Diagnosis, xs: ch.Scale) -> str:
+    title = "<h3>Replica agreement: each check of the parameters across ranks</h3>"
+    spans = diag.agreement
+    if not spans:
+        why = ("one rank: nothing to compare it with" if (diag.world_size or 0) == 1 else
+               "no probe records with parameter fingerprints: the replicas were not compared "
+               "(run the job under <code>syncdoctor run</code> to get this)")
+        return f'{title}<p class="detail" id="sd-agreement-none">{why}.</p>'
+    ranks = [r.rank for r in diag.ranks] or list(range(diag.world_size or 1))
+    index = {r: i for i, r in enumerate(ranks)}
+    per_row = ch.rank_bins(len(ranks))
+    rows = math.ceil(len(ranks) / per_row)
+    row_h = max(2.0, min(18.0, 220.0 / rows))
+    top = ch.TOP
+    grid_h = rows * row_h
+    height = int(top + grid_h + ch.BOTTOM)
+    grid = np.zeros((rows, ch.PLOT_W), np.uint8)
+    starts = [s.first_step for s in spans]
+    end_col = ch.PLOT_W  # the last check's outcome is the last known one
+    for i, span in enumerate(spans):
+        c0 = int(ch.columns_of(xs, np.array([span.first_step]))[0])
+        c1 = int(ch.columns_of(xs, np.array([starts[i + 1]]))[0]) if i + 1 < len(spans) else end_col
+        c1 = max(c1, c0 + 1)
+        state = np.full(rows, ch.AGREED, np.uint8)
+        for group, code in ((span.missing, ch.MISSING), (span.parted, ch.PARTED)):
+            for r in group:
+                if r in index:
+                    row = index[r] // per_row
+                    state[row] = max(state[row], code)
+        grid[:, c0:c1] = np.maximum(grid[:, c0:c1], state[:, None])
+    rgb = np.zeros((rows, ch.PLOT_W, 3), np.uint8)
+    for code, colour in ch.STATE_RGB.items():
+        rgb[grid == code] = colour
+    svg = [ch.svg_open(height, "replica agreement per check, rank by step"),
+           f'<rect class="frame" x="{ch.LEFT}" y="{top}" width="{ch.PLOT_W}" height="{ch._f(grid_h)}"/>',
+           ch.raster(rgb, ch.LEFT, top, ch.PLOT_W, grid_h),
+           ch.rank_labels(ranks, per_row, top, row_h),
+           f'<text class="at" transform="translate(14 {ch._f(top + grid_h / 2)}) rotate(-90)" '
+           f'text-anchor="middle">rank</text>',
+           _bracket_svg(diag, xs, top, top + grid_h),
+           ch.x_axis(xs, top + grid_h),
+           "</svg>"]
+    binned = f" (rows of {per_row} ranks: a row is red when any of its ranks parted)" if per_row > 1 else ""
+    legend = _legend([("band", "#4caf50", "agreed with the majority"), ("band", "#d32f2f", "parted from it"),
+                      ("band", "#b0b6c0", "did not report"), ("band", "#ffffff", "before the first check")])
+    return title + "".join(svg) + legend + _span_table(spans, binned)
+
+
+def _span_table(spans: list[AgreementSpan], binned: str) -> str:
+    shown = spans if len(spans) <= _MAX_SPAN_ROWS else spans[: _MAX_SPAN_ROWS // 2] + spans[-_MAX_SPAN_ROWS // 2:]
+    rows = []
+    for s in shown:
+        steps = f"{s.first_step}" if s.first_step == s.last_step else f"{s.first_step}–{s.last_step}"
+        if s.parted:
+            outcome = (f'<span class="st bad">{_e(fmt_ranks(s.parted))} parted</span> from the other '
+                       f"{s.ranks - len(s.parted)} of {s.ranks}")
+        else:
+            outcome = f'<span class="st ok">all {s.ranks} agreed</span>'
+        if s.missing:
+            outcome += f'; <span class="st warn">{_e(fmt_ranks(s.missing))} did not report</span>'
+        rows.append([_e(steps), _e(s.checks), outcome, _e(", ".join(s.what), limit=200),
+                     f"<code>{_e(s.tensor, limit=200)}</code>" if s.tensor else ""])
+    cut = len(spans) - len(shown)
+    caption = (f"{len(spans)} runs of checks with the same outcome{binned}"
+               + (f"; {cut} in the middle left out (all in the JSON output)" if cut else ""))
+    return _table(["steps", "checks", "outcome", "what differed", "first differing tensor"], rows, caption,
+                  cls=["nowrap", "num", "", "", ""])
+
+
+def _loss_chart(diag: Diagnosis, loss: dict[int, tuple[np.ndarray, np.ndarray]], xs: ch.Scale) -> str:
+    top, bottom = ch.TOP + 8, ch.HEIGHT - ch.BOTTOM
+    n = len(loss)
+    envelope = n > ch.MAX_LINES
+    ys = ch.value_scale([v for _, v in loss.values()], bottom, top)
+    parts = [ch.svg_open(ch.HEIGHT, "loss per rank by step"), ch.y_axis(ys, "loss" + (" (log)" if ys.log else ""))]
+    parts.append(_bracket_svg(diag, xs, top, bottom))
+    legend: list[tuple[str, str, str]] = []
+    if envelope:
+        band, median = _envelope(loss, xs)
+        cols_x = ch.LEFT + np.arange(ch.PLOT_W) + 0.5
+        lo_px, hi_px = ys.px(band[0]), ys.px(band[1])
+        parts.append(f'<path class="band" d="{ch.band_path(cols_x, lo_px, hi_px)}"><title>min–max over {n} ranks</title></path>')
+        parts.append(f'<path class="median" d="{ch.polyline_path(cols_x, ys.px(median))}"><title>median rank</title></path>')
+        legend += [("band", "#9ecae1", f"min–max over all {n} ranks"), ("line", "#08519c", "median over ranks")]
+        drawn = [r for r in _highlighted(diag) if r in loss]
+    else:
+        drawn = list(loss)
+    for i, rank in enumerate(drawn):
+        colour = ch.PALETTE[i % len(ch.PALETTE)] if not envelope else ch.PALETTE[(i + 1) % len(ch.PALETTE)]
+        steps, values = loss[rank]
+        x, y = downsample(steps, np.clip(values, -ch.CLIP, ch.CLIP), 2 * ch.PLOT_W)
+        px, py = xs.px(x), ys.px(y)
+        parts.append(f'<path class="line" stroke="{colour}" d="{ch.polyline_path(px, py)}"><title>rank {rank}</title></path>')
+        if steps.size <= ch.MARKER_POINTS:
+            ok = np.isfinite(px) & np.isfinite(py)
+            parts.append("".join(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.5" fill="{colour}"/>'
+                                 for a, b in zip(px[ok], py[ok], strict=True)))
+        legend.append(("line", colour, f"rank {rank}" + (" (singled out)" if envelope else "")))
+    parts.append(_event_marks(diag.events, xs, top))
+    parts.append(ch.x_axis(xs, bottom))
+    parts.append("</svg>")
+    if any(e for e in diag.events if _marked(e)):
+        legend.append(("mark", "#e65100", "communication or process event (hover for the line)"))
+    down = any(s.size > 2 * ch.PLOT_W for s, _ in loss.values())
+    note = " (min and max per pixel column, so spikes stay visible)" if down else ""
+    kind = "min–max envelope" if envelope else "one line per rank"
+    return f"<h3>Loss per rank: {kind}{note}</h3>" + "".join(parts) + _legend(legend)
+
+
+def _envelope(loss: dict[int, tuple[np.ndarray, np.ndarray]], xs: ch.Scale) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """Per pixel column: the minimum and maximum over every rank, and the median of
+    the ranks' column means."""
+    lo = np.full(ch.PLOT_W, np.inf)
+    hi = np.full(ch.PLOT_W, -np.inf)
+    means = np.full((len(loss), ch.PLOT_W), np.nan)
+    for i, (steps, values) in enumerate(loss.values()):
+        ok = np.isfinite(values)
+        v = np.clip(values[ok], -ch.CLIP, ch.CLIP)
+        cols = ch.columns_of(xs, steps[ok])
+        np.minimum.at(lo, cols, v)
+        np.maximum.at(hi, cols, v)
+        sums = np.bincount(cols, v, ch.PLOT_W)
+        counts = np.bincount(cols, minlength=ch.PLOT_W)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means[i] = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    lo[~np.isfinite(lo)] = np.nan
+    hi[~np.isfinite(hi)] = np.nan
+    with np.errstate(all="ignore"):
+        have = np.isfinite(means).any(axis=0)
+        median = np.full(ch.PLOT_W, np.nan)
+        if have.any():
+            median[have] = np.nanmedian(means[:, have], axis=0)
+    return (lo, hi), median
+
+
+def _marked(e: Event) -> bool:
+    return not e.benign and e.step is not None and e.kind in _MARKED_KINDS and not clean(e.raw).lstrip().startswith("syncdoctor:")
+
+
+def _event_marks(events: list[Event], xs: ch.Scale, top: float) -> str:
+    marks = [e for e in events if _marked(e)][:_MAX_EVENT_MARKERS]
+    out = []
+    for e in marks:
+        x = float(xs.px(e.step))  # type: ignore[arg-type]
+        text = f"{clean(e.kind, oneline=True, limit=40)} · rank {fmt_num(e.rank)} · step {e.step} · {clean(e.raw, oneline=True, limit=160)}"
+        out.append(f'<path class="evt" d="M{x - 5:.1f} {top - 10:.1f}h10l-5 8z"><title>{escape(text)}</title></path>')
+    return "".join(out)
+
+
+def _grad_chart(diag: Diagnosis, grad: dict[int, tuple[np.ndarray, np.ndarray]], xs: ch.Scale) -> str:
+    what = {"local": "each rank's own gradient before the all-reduce",
+            "reduced": "the gradient after the all-reduce (the same on every healthy rank)"}.get(
+        diag.grad_norm_kind, "as logged")
+    points = max(s.size for s, _ in grad.values())
+    title = f"<h3>Gradient norm per rank: {what} ({points:,} measured step{'s' if points != 1 else ''} per rank)</h3>"
+    if len(grad) <= ch.MAX_LINES:
+        return title + _grad_lines(grad, xs)
+    return title + _grad_grid(diag, grad, xs)
+
+
+def _grad_lines(grad: dict[int, tuple[np.ndarray, np.ndarray]], xs: ch.Scale) -> str:
+    top, bottom = ch.TOP, ch.HEIGHT - ch.BOTTOM
+    ys = ch.value_scale([v for _, v in grad.values()], bottom, top, log_ratio=1e2)
+    parts = [ch.svg_open(ch.HEIGHT, "gradient norm per rank by step"),
+             ch.y_axis(ys, "gradient norm" + (" (log)" if ys.log else ""))]
+    legend = []
+    for i, (rank, (steps, values)) in enumerate(grad.items()):
+        colour = ch.PALETTE[i % len(ch.PALETTE)]
+        x, y = downsample(steps, np.clip(values, -ch.CLIP, ch.CLIP), 2 * ch.PLOT_W)
+        px, py = xs.px(x), ys.px(y)
+        parts.append(f'<path class="line" stroke="{colour}" d="{ch.polyline_path(px, py)}"><title>rank {rank}</title></path>')
+        if steps.size <= ch.MARKER_POINTS:
+            ok = np.isfinite(px) & np.isfinite(py)
+            parts.append("".join(
+                f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{colour}"><title>rank {rank} · step {s:.0f} · {fmt_num(v)}</title></circle>'
+                for a, b, s, v in zip(px[ok], py[ok], x[ok], y[ok], strict=True)))
+        legend.append(("line", colour, f"rank {rank}"))
+    parts += [ch.x_axis(xs, bottom), "</svg>"]
+    return "".join(parts) + _legend(legend)
+
+
+def _grad_grid(diag: Diagnosis, grad: dict[int, tuple[np.ndarray, np.ndarray]], xs: ch.Scale) -> str:
+    ranks = sorted(grad)
+    per_row = ch.rank_bins(len(ranks))
+    rows = math.ceil(len(ranks) / per_row)
+    row_h = max(1.0, min(18.0, 240.0 / rows))
+    top = ch.TOP
+    grid_h = rows * row_h
+    z = np.full((rows, ch.PLOT_W), np.nan)
+    for i, rank in enumerate(ranks):
+        steps, values = grad[rank]
         ok = np.isfinite(values) & (values > 0)
-        idx = np.minimum(((steps[ok] - lo) / width).astype(np.int64), bins - 1)
-        np.fmax.at(z[row], idx, np.log10(values[ok]))
-    x = lo + np.arange(bins) * width
-    return {
-        "ranks": ranks,
-        "x": _compact(np.floor(x)),
-        "z": [_compact(row) for row in z],
-        "w": width,
-    }
-
-
-# --- embedding ---------------------------------------------------------------------------------
-
-
-def _script_safe_json(data: Any) -> str:
-    """JSON that cannot end its <script> block or start a comment/tag inside it."""
-    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return (
-        text.replace("<", "\\u003c")
-        .replace(">", "\\u003e")
-        .replace("&", "\\u0026")
-        .replace("\u2028", "\\u2028")
-        .replace("\u2029", "\\u2029")
-    )
-
-
-def _csp_hash(script: str) -> str:
-    digest = hashlib.sha256(script.encode("utf-8")).digest()
-    return f"'sha256-{base64.b64encode(digest).decode('ascii')}'"
+        if not ok.any():
+            continue
+        cols = ch.columns_of(xs, steps[ok])
+        line = np.full(ch.PLOT_W, np.nan)
+        np.fmax.at(line, cols, np.log10(values[ok]))
+        # Between two measurements a rank keeps its last value, up to its last one
+        # plus the usual gap: sparse measurements fill their stretch of the run.
+        gap = int(np.median(np.diff(np.unique(cols)))) if np.unique(cols).size > 1 else 1
+        have = np.where(np.isfinite(line), np.arange(ch.PLOT_W), -1)
+        last = np.maximum.accumulate(have)
+        filled = np.where(last >= 0, line[np.maximum(last, 0)], np.nan)
+        filled[min(ch.PLOT_W, int(cols.max()) + max(gap, 1)):] = np.nan
+        row = i // per_row
+        z[row] = np.fmax(z[row], filled)
+    finite = z[np.isfinite(z)]
+    zlo, zhi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    if zhi <= zlo:
+        zhi = zlo + 1e-9
+    rgb = ch.viridis((z - zlo) / (zhi - zlo))
+    height = int(top + grid_h + ch.BOTTOM)
+    svg = [ch.svg_open(height, "gradient norm, rank by step"),
+           ch.raster(rgb, ch.LEFT, top, ch.PLOT_W, grid_h),
+           f'<rect class="frame" x="{ch.LEFT}" y="{top}" width="{ch.PLOT_W}" height="{ch._f(grid_h)}"/>',
+           ch.rank_labels(ranks, per_row, top, row_h),
+           f'<text class="at" transform="translate(14 {ch._f(top + grid_h / 2)}) rotate(-90)" text-anchor="middle">rank</text>',
+           ch.x_axis(xs, top + grid_h), "</svg>"]
+    binned = f"; rows of {per_row} ranks show their largest norm" if per_row > 1 else ""
+    scale = (f'<p class="legend"><span class="lg"><i class="band cbar"></i>'
+             f"gradient norm {fmt_num(10 ** zlo)} … {fmt_num(10 ** zhi)} (log colour scale; each measurement "
+             f"held until the rank's next{binned})</span></p>")
+    return "".join(svg) + scale
 
 
 _CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1200px;padding:0 16px 48px;color:#1d2330}
-h1{font-size:22px;margin:18px 0 6px}h2{font-size:18px;border-bottom:1px solid #d8dce5;padding-bottom:4px;margin-top:28px}
-h3{font-size:15px;margin:14px 0 6px}h4{font-size:13px;margin:10px 0 4px;text-transform:uppercase;color:#5a6475}
-.verdict{display:inline-block;font-weight:700;padding:6px 12px;border-radius:6px;margin:4px 0}
-.verdict.ok,.tag.ok{background:#e3f6e8;color:#13612e}.verdict.bad,.tag.bad{background:#fde6e6;color:#9b1c1c}
-.verdict.warn,.tag.warn{background:#fff4d6;color:#7a5200}.verdict.info,.tag.info{background:#e4edfb;color:#1f4e99}
-span.ok{color:#13612e}span.bad{color:#9b1c1c}
-.tag{display:inline-block;white-space:nowrap;padding:1px 8px;border-radius:10px;font-weight:600;font-size:12px}
-.meta,.detail{color:#5a6475}
-.finding{border:1px solid #d8dce5;border-left:5px solid #8a94a6;border-radius:6px;padding:8px 14px;margin:10px 0}
-.finding.error{border-left-color:#c62828}.finding.warning{border-left-color:#e0a100}.finding.info{border-left-color:#3b73c4}
-.finding.top{box-shadow:0 1px 4px rgba(0,0,0,.12)}
-dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:6px 0}dt{color:#5a6475}dd{margin:0;overflow-wrap:anywhere}
-.fix{background:#f2f8f3;padding:6px 10px;border-radius:4px;white-space:pre-wrap}
-.chart{width:100%;height:460px}
-table{border-collapse:collapse;width:100%;font-size:13px}caption{text-align:left;color:#5a6475;padding:4px 0}
-th,td{border-bottom:1px solid #e6e9ef;padding:3px 8px;text-align:left;vertical-align:top}
-td{overflow-wrap:anywhere}code{white-space:pre-wrap;font-size:12px}
-li{overflow-wrap:anywhere}
-"""
-
-# Reads the JSON block and draws; any failure is shown on the page (and marks
-# <body data-charts="failed">) instead of leaving empty boxes.
-_APP_JS = """
-(function () {
-  "use strict";
-  var status = document.getElementById("sd-chart-status");
-  function fail(msg) {
-    document.body.setAttribute("data-charts", "failed");
-    if (status) { status.textContent = "Charts could not be drawn: " + msg; }
-  }
-  window.addEventListener("error", function (ev) { fail(String(ev.message)); });
-  if (typeof Plotly === "undefined") { fail("plotly.js did not load"); return; }
-  try {
-    var D = JSON.parse(document.getElementById("sd-data").textContent);
-    var config = {displaylogo: false, responsive: true};
-    var jobs = [];
-    if (D.loss.length && document.getElementById("sd-loss")) {
-      var many = D.loss.length > 32;
-      var traces = D.loss.map(function (s) {
-        return {type: "scatter", mode: "lines", name: "rank " + s.r, x: s.x, y: s.y,
-                line: {width: many ? 0.8 : 1.4}, connectgaps: false,
-                hovertemplate: "rank " + s.r + "<br>step %{x}<br>loss %{y:.4g}<extra></extra>"};
-      });
-      var shapes = [], annotations = [];
-      if (D.div !== null) {
-        shapes.push({type: "line", xref: "x", yref: "paper", x0: D.div, x1: D.div, y0: 0, y1: 1,
-                     line: {color: "#c62828", width: 2, dash: "dash"}});
-        annotations.push({x: D.div, xref: "x", y: 1, yref: "paper", yanchor: "bottom",
-                          text: "ranks diverge (step " + D.div + ")", showarrow: false,
-                          font: {color: "#c62828"}});
-      }
-      if (D.events.length) {
-        traces.push({type: "scatter", mode: "markers", name: "comm events", yaxis: "y2",
-                     x: D.events.map(function (e) { return e.x; }),
-                     y: D.events.map(function () { return 0.97; }),
-                     text: D.events.map(function (e) { return e.t; }),
-                     hovertemplate: "%{text}<extra></extra>",
-                     marker: {symbol: "triangle-down", size: 10, color: "#e65100"}});
-      }
-      var layout = {margin: {t: 30, r: 20, b: 45, l: 60}, hovermode: "closest",
-                    showlegend: !many, legend: {orientation: "h"},
-                    xaxis: {title: {text: "step"}},
-                    yaxis: {title: {text: "loss"}, type: D.logy ? "log" : "linear"},
-                    yaxis2: {overlaying: "y", range: [0, 1], visible: false, fixedrange: true},
-                    shapes: shapes, annotations: annotations};
-      jobs.push(Plotly.newPlot("sd-loss", traces, layout, config));
-    }
-    if (D.heat && document.getElementById("sd-heat")) {
-      var h = D.heat;
-      jobs.push(Plotly.newPlot("sd-heat", [{
-        type: "heatmap", x: h.x, y: h.ranks, z: h.z, colorscale: "Viridis",
-        colorbar: {title: {text: "log10 norm"}}, hoverongaps: false,
-        hovertemplate: "rank %{y}<br>steps from %{x}<br>log10 norm %{z:.3g}<extra></extra>"
-      }], {margin: {t: 20, r: 20, b: 45, l: 60}, xaxis: {title: {text: "step"}},
-           yaxis: {title: {text: "rank"}, tickformat: "d",
-                   dtick: Math.max(1, Math.ceil(h.ranks.length / 16))}}, config));
-    }
-    Promise.all(jobs).then(function () {
-      document.body.setAttribute("data-charts", "drawn");
-      if (status) { status.textContent = ""; }
-    }, function (err) { fail(String(err)); });
-  } catch (err) {
-    fail(String(err && err.message ? err.message : err));
-  }
-})();
+.sdr{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1200px;padding:0 16px 48px;color:#1d2330}
+.sdr h1{font-size:22px;margin:18px 0 6px}.sdr h2{font-size:18px;border-bottom:1px solid #d8dce5;padding-bottom:4px;margin-top:28px}
+.sdr h3{font-size:15px;margin:18px 0 6px}.sdr h4{font-size:13px;margin:10px 0 4px;text-transform:uppercase;color:#5a6475}
+.sdr .verdict{display:inline-block;font-weight:700;padding:6px 12px;border-radius:6px;margin:4px 0}
+.sdr .verdict.ok,.sdr .tag.ok{background:#e3f6e8;color:#13612e}.sdr .verdict.bad,.sdr .tag.bad{background:#fde6e6;color:#9b1c1c}
+.sdr .verdict.warn,.sdr .tag.warn{background:#fff4d6;color:#7a5200}.sdr .verdict.info,.sdr .tag.info{background:#e4edfb;color:#1f4e99}
+.sdr span.ok{color:#13612e}.sdr span.bad{color:#9b1c1c;font-weight:600}.sdr span.warn{color:#7a5200;font-weight:600}
+.sdr .tag{display:inline-block;white-space:nowrap;padding:1px 8px;border-radius:10px;font-weight:600;font-size:12px}
+.sdr .meta,.sdr .detail{color:#5a6475}
+.sdr .finding{border:1px solid #d8dce5;border-left:5px solid #8a94a6;border-radius:6px;padding:8px 14px;margin:10px 0}
+.sdr .finding.error{border-left-color:#c62828}.sdr .finding.warning{border-left-color:#e0a100}.sdr .finding.info{border-left-color:#3b73c4}
+.sdr .finding.top{box-shadow:0 1px 4px rgba(0,0,0,.12)}
+.sdr dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:6px 0}.sdr dt{color:#5a6475}.sdr dd{margin:0;overflow-wrap:anywhere}
+.sdr .fix{background:#f2f8f3;padding:6px 10px;border-radius:4px;white-space:pre-wrap}
+.sdr svg.chart{width:100%;height:auto;display:block;font-size:12px}
+.sdr svg .axis{stroke:#5a6475;stroke-width:1}.sdr svg .tick{stroke:#5a6475}.sdr svg .grid{stroke:#e6e9ef;stroke-width:1}
+.sdr svg .tl{fill:#3a4250;font-size:11px}.sdr svg .at{fill:#3a4250;font-size:12px;font-weight:600}
+.sdr svg .line{fill:none;stroke-width:1.4;stroke-linejoin:round}.sdr svg .median{fill:none;stroke:#08519c;stroke-width:1.4}
+.sdr svg .band{fill:#9ecae1;fill-opacity:.7;stroke:none}.sdr svg .frame{fill:none;stroke:#b0b6c0}
+.sdr svg .bracket{fill:#d32f2f;fill-opacity:.15}.sdr svg .div{stroke:#c62828;stroke-width:1.5;stroke-dasharray:5 3}
+.sdr svg .divl{fill:#c62828;font-size:12px;font-weight:600}.sdr svg .evt{fill:#e65100}
+.sdr .legend{margin:2px 0 10px;color:#3a4250;font-size:12px}.sdr .lg{margin-right:14px;white-space:nowrap}
+.sdr .lg i{display:inline-block;vertical-align:middle;margin-right:5px}.sdr .lg i.line{width:18px;height:3px}
+.sdr .lg i.band{width:14px;height:10px;border:1px solid #b0b6c0}.sdr .lg i.mark{width:9px;height:9px;clip-path:polygon(0 0,100% 0,50% 100%)}
+.sdr .lg i.cbar{width:120px;background:linear-gradient(90deg,#440154,#3b518b,#21918c,#5cc863,#fde725)!important}
+.sdr table{border-collapse:collapse;width:100%;font-size:13px}.sdr caption{text-align:left;color:#5a6475;padding:4px 0}
+.sdr th,.sdr td{border-bottom:1px solid #e6e9ef;padding:3px 8px;text-align:left;vertical-align:top}
+.sdr td{overflow-wrap:anywhere}.sdr td.nowrap,.sdr th.nowrap,.sdr td.num{white-space:nowrap;overflow-wrap:normal}
+.sdr td.num{text-align:right;font-variant-numeric:tabular-nums}
+.sdr code{white-space:pre-wrap;font-size:12px}
+.sdr li{overflow-wrap:anywhere}
 """
