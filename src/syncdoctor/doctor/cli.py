@@ -27,9 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                   "(several run folders: FILE.1.html, FILE.2.html, …)")
     p.set_defaults(func=cmd_diagnose)
 
-    r = sub.add_parser("rules", help="list the diagnosis rules and preflight checks with their docs")
+    r = sub.add_parser("rules", help="list the diagnosis rules and preflight checks with their docs",
+                       description="Every diagnosis rule (SD...) and preflight check (PF...): code, "
+                                   "category, severity and title; with CODE, its whole documentation "
+                                   "(symptom, cause, quick check, fix).")
     r.add_argument("code", nargs="?", help="show one rule or check in full")
-    r.add_argument("--json", action="store_true")
+    r.add_argument("--json", action="store_true", help="print the documentation as JSON")
     r.set_defaults(func=cmd_rules)
 
 

@@ -7,52 +7,64 @@ import json
 import sys
 from pathlib import Path
 
-from syncdoctor.cli import InputError
+from syncdoctor.cli import InputError, at_least, did_you_mean
 from syncdoctor.lab.faults import FAULTS
 from syncdoctor.lab.runner import LAB_CHECK_EVERY, MS_STYLES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    lab = sub.add_parser("lab", help="reproduce the playbook's failure modes on real process groups")
+    lab = sub.add_parser("lab", help="reproduce the playbook's failure modes on real process groups",
+                         description="Reproduce each failure mode for real: N processes in a real process "
+                                     "group over loopback train a small CNN with one named fault injected.")
     lab_sub = lab.add_subparsers(dest="lab_command", metavar="LAB_COMMAND")
     lab.set_defaults(func=lambda args: lab.print_help() or 2)
 
-    ls = lab_sub.add_parser("list", help="list the fault catalog")
-    ls.add_argument("--json", action="store_true")
+    ls = lab_sub.add_parser("list", help="list the fault catalog",
+                            description="The fault catalog: each fault's name (what `lab run` takes), its "
+                                        "variants, the root-cause category and what it was measured to do.")
+    ls.add_argument("--json", action="store_true", help="print the catalog as JSON")
     ls.set_defaults(func=cmd_list)
 
-    run = lab_sub.add_parser("run", help="run one fault (or 'clean') on N ranks")
+    run = lab_sub.add_parser("run", help="run one fault (or 'clean') on N ranks",
+                             description="Run one fault (or the clean baseline) on N real ranks with the probe "
+                                         "attached; logs and records go to the run folder.")
     run.add_argument("fault", help="a fault name from `syncdoctor lab list`")
     run.add_argument("--variant", default="", help="the fault's variant, when it has several")
     _common(run)
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seed", type=int, default=0, help="the run's seed (every rank alike)")
     run.add_argument("--out", help="run folder (default runs/FAULT-wN-sSEED)")
     run.add_argument("--no-probe", action="store_true", help="run without the probe (logs only)")
-    run.add_argument("--check-every", type=int, default=LAB_CHECK_EVERY,
-                     help=f"the probe's check interval K (default {LAB_CHECK_EVERY})")
+    run.add_argument("--check-every", type=at_least(1), default=LAB_CHECK_EVERY, metavar="K",
+                     help="the probe's cross-rank check every K steps")
     run.add_argument("--on-mismatch", choices=("warn", "dump", "raise", "heal"), help="the probe's action on a mismatch")
     run.set_defaults(func=cmd_run)
 
-    matrix = lab_sub.add_parser("matrix", help="every fault through lab, probe and doctor: the detection matrix")
+    matrix = lab_sub.add_parser("matrix", help="every fault through lab, probe and doctor: the detection matrix",
+                                description="Run the clean baseline (three seeds) and every fault and variant "
+                                            "through the probe and the doctor; exit 1 when any is misdiagnosed.")
     _common(matrix)
-    matrix.add_argument("--json", action="store_true")
+    matrix.add_argument("--json", action="store_true", help="print the rows as JSON")
     matrix.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
-    matrix.add_argument("--out", default="runs/matrix")
-    matrix.add_argument("--only", nargs="*", help="only these faults")
+    matrix.add_argument("--out", default="runs/matrix", help="folder for the runs")
+    matrix.add_argument("--only", nargs="*", metavar="FAULT", help="only these faults")
     matrix.set_defaults(func=cmd_matrix)
 
-    demo = sub.add_parser("demo", help="the clean baseline and the playbook's headline failure, diagnosed")
-    demo.add_argument("--out", default="runs/demo")
-    demo.add_argument("--world-size", type=int, default=2)
+    demo = sub.add_parser("demo", help="the clean baseline and the playbook's headline failure, diagnosed",
+                          description="Two real data-parallel runs over gloo on loopback (the clean baseline, "
+                                      "then a rank silently left out of the gradient average after a "
+                                      "communication retry), each diagnosed, with an HTML report.")
+    demo.add_argument("--out", default="runs/demo", help="folder for the runs and the reports")
+    demo.add_argument("--world-size", type=at_least(1), default=2, help="ranks per run")
     demo.set_defaults(func=cmd_demo)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--steps", type=int, default=150, help="optimizer steps (rounded up to whole epochs)")
-    p.add_argument("--onset", type=int, default=40, help="the step at which step-triggered faults act")
-    p.add_argument("--framework", choices=("torch", "mindspore"), default="torch")
-    p.add_argument("--pg-timeout", type=float, default=20.0, help="process-group timeout in seconds")
+    p.add_argument("--world-size", type=at_least(1), default=2, metavar="N", help="ranks (processes)")
+    p.add_argument("--steps", type=at_least(1), default=150, help="optimizer steps (rounded up to whole epochs)")
+    p.add_argument("--onset", type=at_least(0), default=40, help="the step at which step-triggered faults act")
+    p.add_argument("--framework", choices=("torch", "mindspore"), default="torch", help="the training framework")
+    p.add_argument("--pg-timeout", type=at_least(0.1, float), default=20.0, metavar="S",
+                   help="process-group timeout in seconds")
     p.add_argument("--style", choices=MS_STYLES, default=None,
                    help="MindSpore: how the step is written (default functional)")
 
@@ -66,28 +78,44 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1, ensure_ascii=False))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="syncdoctor lab faults")
-    for col in ("name", "category", "description", "measured"):
-        table.add_column(col)
-    for r in rows:
-        name = r["name"] + (f" [{'|'.join(r['variants'])}]" if r["variants"] else "")
-        table.add_row(name, r["category"], r["description"], r["measured"])
-    Console().print(table)
+    print(format_catalog(rows))
     return 0
 
 
-def _check_fault(name: str) -> None:
+def format_catalog(rows: list[dict], width: int | None = None) -> str:
+    """One block per fault, its name first and whole (it is what `lab run` takes),
+    the rest wrapped to the terminal: readable at 80 columns."""
+    import shutil
+    import textwrap
+
+    width = max(40, min(width or shutil.get_terminal_size((80, 24)).columns, 100))
+    out = ["syncdoctor lab faults (run one with: syncdoctor lab run NAME [--variant V])", ""]
+    for r in rows:
+        out.append(f"{r['name']}  ({r['category']}; {', '.join(r['frameworks'])})")
+        if r["variants"]:
+            out.append(f"    variants: {', '.join(r['variants'])}")
+        for label, text in (("", r["description"]), ("measured: ", r["measured"])):
+            out += textwrap.wrap(label + text, width, initial_indent="    ", subsequent_indent="    ",
+                                 break_on_hyphens=False)
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _check_fault(name: str, variant: str = "") -> None:
     if name not in FAULTS:
-        raise InputError(f"unknown fault {name!r}; `syncdoctor lab list` shows the catalog")
+        raise InputError(f"unknown fault {name!r}{did_you_mean(name, FAULTS)}; "
+                         "`syncdoctor lab list` shows the catalog")
+    variants = [v for v in FAULTS[name].variants if v]
+    if variant and variant not in variants:
+        known = f"one of {', '.join(variants)}" if variants else "none"
+        raise InputError(f"fault {name!r} has no variant {variant!r}{did_you_mean(variant, variants)}; "
+                         f"its variants: {known}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from syncdoctor.lab.runner import run_lab
 
-    _check_fault(args.fault)
+    _check_fault(args.fault, args.variant)
     try:
         result = run_lab(args.fault, variant=args.variant, world_size=args.world_size, steps=args.steps,
                          onset=args.onset, seed=args.seed, out=args.out, framework=args.framework,

@@ -6,8 +6,12 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from syncdoctor.preflight.model import PreflightFinding
+
+if TYPE_CHECKING:
+    from syncdoctor.preflight.engine import Inputs
 
 EXIT_CLEAN, EXIT_ERRORS = 0, 1
 
@@ -24,7 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Suppress one finding with `# noqa: PF3xx` on its line."
         ),
     )
-    p.add_argument("paths", nargs="*", metavar="PATH", help="files or folders (default: .)")
+    p.add_argument("paths", nargs="*", metavar="PATH",
+                   help="files or folders to check (default: the current folder, unless "
+                        "--rank-table or --compare says what to check)")
     p.add_argument("--rank-table", metavar="FILE", help="the HCCL rank table the job will use")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list")
     p.add_argument("--select", metavar="CODES", help="comma-separated codes or prefixes to run")
@@ -46,7 +52,7 @@ def _codes(text: str | None) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from syncdoctor.cli import InputError
-    from syncdoctor.preflight.engine import PreflightInputError, run_preflight
+    from syncdoctor.preflight.engine import PreflightInputError, collect, evaluate
     from syncdoctor.preflight.manifest import write_manifest
     from syncdoctor.preflight.registry import all_checks, get_check
 
@@ -72,22 +78,34 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_CLEAN
     if args.compare is not None and len(args.compare) < 2:
         raise InputError("--compare needs at least two manifests")
-    # With --compare alone, only the manifests are checked, not the current folder.
-    if args.compare and not args.paths:
+    # With --rank-table or --compare and no PATH, only what was named is checked,
+    # never the current folder's other files.
+    if (args.compare or args.rank_table) and not args.paths:
         paths = []
     try:
-        findings = run_preflight(
-            paths,
-            args.rank_table,
-            compare=args.compare or (),
-            environ=None if args.no_environ else os.environ,
-            select=_codes(args.select) or None,
-            ignore=_codes(args.ignore),
-        )
+        inputs = collect(paths, args.rank_table, args.compare or (),
+                         None if args.no_environ else os.environ)
+        findings = evaluate(inputs, _codes(args.select) or None, _codes(args.ignore))
     except PreflightInputError as exc:
         raise InputError(str(exc)) from None
     _print(findings, args.json)
+    if not findings and not args.json:
+        print(_clean_line(inputs, paths))
     return EXIT_ERRORS if any(f.severity == "error" for f in findings) else EXIT_CLEAN
+
+
+def _clean_line(inputs: Inputs, paths: list[str]) -> str:
+    """What was checked, when nothing was found: a clean run says so."""
+    counts = [(len(inputs.scripts), "script", "scripts"),
+              (len(inputs.rank_tables), "rank table", "rank tables"),
+              (len(inputs.env_groups), "environment group", "environment groups"),
+              (len(inputs.manifests), "set of manifests", "sets of manifests")]
+    checked = [f"{n} {one if n == 1 else many}" for n, one, many in counts if n]
+    if not checked:
+        where = ", ".join(paths) or "the inputs given"
+        return (f"nothing to check in {where}: no training scripts (*.py), rank tables (*.json), "
+                "environment dumps or probe records")
+    return f"no problems found ({', '.join(checked)} checked)"
 
 
 def _print(findings: list[PreflightFinding], as_json: bool) -> None:

@@ -78,12 +78,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", metavar="DIR", help="run folder (default: runs/run-YYYYmmdd-HHMMSS)")
     p.add_argument("--check-every", type=int, metavar="K",
-                   help="cross-rank check every K optimizer steps (default 10; 1 = every step)")
+                   help="cross-rank check every K optimizer steps (default: 50 under torch, 10 under "
+                        "MindSpore; 1 = every step)")
     p.add_argument("--on-mismatch", choices=("warn", "dump", "raise", "heal"), default=None,
                    help="on a cross-rank mismatch: log it (warn, default), also write an evidence "
                         "bundle (dump), raise SyncMismatchError into training on every rank, or "
                         "restore a corrupted replica from the majority (heal; 3+ ranks, docs/hardware.md)")
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...",
+                   help="the launcher command and its arguments, after --")
     p.set_defaults(func=_run)
 
 

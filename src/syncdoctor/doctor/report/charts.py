@@ -29,7 +29,7 @@ from html import escape
 import numpy as np
 
 WIDTH, HEIGHT = 960, 300  # the SVG's user units; it scales to the page width
-LEFT, RIGHT, TOP, BOTTOM = 64, 18, 26, 40
+LEFT, RIGHT, TOP, BOTTOM = 64, 34, 26, 40
 PLOT_W = WIDTH - LEFT - RIGHT
 MAX_LINES = 16  # per-rank lines up to this many ranks; an envelope beyond
 MAX_HIGHLIGHT = 8  # ranks drawn on top of the envelope
@@ -118,7 +118,8 @@ def step_domain(series: Iterable[np.ndarray], extra: Iterable[int | None] = ()) 
         return 0.0, 1.0
     if lo == hi:
         return lo - 0.5, hi + 0.5
-    return lo, hi
+    pad = (hi - lo) * 0.015  # points at the first and last step stay off the frame
+    return lo - pad, hi + pad
 
 
 def downsample(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
@@ -158,15 +159,27 @@ def value_scale(arrays: Sequence[np.ndarray], p0: float, p1: float, log_ratio: f
         return Scale(0.0, 1.0, p0, p1)
     lo = min(float(a.min()) for a in finite)
     hi = max(float(a.max()) for a in finite)
-    if lo > 0 and hi / lo > log_ratio:
-        return Scale(lo, hi, p0, p1, log=True)
-    pad = (hi - lo) * 0.04
+    positive = [a[a > 0] for a in finite]
+    low_positive = min((float(a.min()) for a in positive if a.size), default=0.0)
+    # Zeros may sit on a log axis (they are left out, as gaps); negatives may not.
+    if lo >= 0 and low_positive > 0 and hi / low_positive > log_ratio:
+        return Scale(low_positive, hi, p0, p1, log=True)
+    pad = max((hi - lo) * 0.06, abs(hi) * 0.02)
     return Scale(lo - pad if lo - pad > 0 or lo < 0 else 0.0, hi + pad, p0, p1)
+
+
+def finite_clipped(values: np.ndarray) -> np.ndarray:
+    """Values to plot: ±1e300 at most (axis maths stays finite), NaN/inf as gaps."""
+    v = np.asarray(values, dtype=float)
+    return np.where(np.isfinite(v), np.clip(v, -CLIP, CLIP), np.nan)
 
 
 def polyline_path(xs: np.ndarray, ys: np.ndarray) -> str:
     """An SVG path through the points, broken where a value is missing."""
     ok = np.isfinite(xs) & np.isfinite(ys)
+    # A point far off the chart (a value beyond the axis) is pinned just outside it.
+    xs = np.clip(xs, -WIDTH, 2 * WIDTH)
+    ys = np.clip(ys, -HEIGHT * 4, HEIGHT * 5)
     parts: list[str] = []
     pen_down = False
     for x, y, good in zip(xs.tolist(), ys.tolist(), ok.tolist(), strict=True):
@@ -210,10 +223,15 @@ def x_axis(scale: Scale, y: float, title: str = "step") -> str:
     for v, label in scale.ticks(integer=True):
         x = float(scale.px(v))
         parts.append(f'<line class="tick" x1="{_f(x)}" y1="{_f(y)}" x2="{_f(x)}" y2="{_f(y + 4)}"/>'
-                     f'<text class="tl" x="{_f(x)}" y="{_f(y + 16)}" text-anchor="middle">{escape(label)}</text>')
+                     f'<text class="tl" x="{_f(x)}" y="{_f(y + 16)}" text-anchor="{_anchor(x)}">{escape(label)}</text>')
     parts.append(f'<text class="at" x="{LEFT + PLOT_W / 2:.0f}" y="{_f(y + 33)}" '
                  f'text-anchor="middle">{escape(title)}</text>')
     return "".join(parts)
+
+
+def _anchor(x: float) -> str:
+    """Tick labels at the plot's ends stay inside the picture."""
+    return "end" if x > WIDTH - RIGHT - 20 else ("start" if x < LEFT + 10 else "middle")
 
 
 def y_axis(scale: Scale, title: str, grid: bool = True) -> str:

@@ -440,16 +440,18 @@ def _span_table(spans: list[AgreementSpan], binned: str) -> str:
     for s in shown:
         steps = f"{s.first_step}" if s.first_step == s.last_step else f"{s.first_step}–{s.last_step}"
         if s.parted:
-            outcome = (f'<span class="st bad">{_e(fmt_ranks(s.parted))} parted</span> from the other '
+            who = f"rank{'s' if len(s.parted) > 1 else ''} {fmt_ranks(s.parted)}"
+            outcome = (f'<span class="st bad">{_e(who)} parted</span> from the other '
                        f"{s.ranks - len(s.parted)} of {s.ranks}")
         else:
             outcome = f'<span class="st ok">all {s.ranks} agreed</span>'
         if s.missing:
-            outcome += f'; <span class="st warn">{_e(fmt_ranks(s.missing))} did not report</span>'
+            who = f"rank{'s' if len(s.missing) > 1 else ''} {fmt_ranks(s.missing)}"
+            outcome += f'; <span class="st warn">{_e(who)} did not report</span>'
         rows.append([_e(steps), _e(s.checks), outcome, _e(", ".join(s.what), limit=200),
                      f"<code>{_e(s.tensor, limit=200)}</code>" if s.tensor else ""])
     cut = len(spans) - len(shown)
-    caption = (f"{len(spans)} runs of checks with the same outcome{binned}"
+    caption = (f"{len(spans)} run{'s' if len(spans) != 1 else ''} of checks with the same outcome{binned}"
                + (f"; {cut} in the middle left out (all in the JSON output)" if cut else ""))
     return _table(["steps", "checks", "outcome", "what differed", "first differing tensor"], rows, caption,
                   cls=["nowrap", "num", "", "", ""])
@@ -476,9 +478,10 @@ def _loss_chart(diag: Diagnosis, loss: dict[int, tuple[np.ndarray, np.ndarray]],
     for i, rank in enumerate(drawn):
         colour = ch.PALETTE[i % len(ch.PALETTE)] if not envelope else ch.PALETTE[(i + 1) % len(ch.PALETTE)]
         steps, values = loss[rank]
-        x, y = downsample(steps, np.clip(values, -ch.CLIP, ch.CLIP), 2 * ch.PLOT_W)
+        x, y = downsample(steps, ch.finite_clipped(values), 2 * ch.PLOT_W)
         px, py = xs.px(x), ys.px(y)
-        parts.append(f'<path class="line" stroke="{colour}" d="{ch.polyline_path(px, py)}"><title>rank {rank}</title></path>')
+        cls = "line hl" if envelope else "line"
+        parts.append(f'<path class="{cls}" stroke="{colour}" d="{ch.polyline_path(px, py)}"><title>rank {rank}</title></path>')
         if steps.size <= ch.MARKER_POINTS:
             ok = np.isfinite(px) & np.isfinite(py)
             parts.append("".join(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.5" fill="{colour}"/>'
@@ -503,7 +506,7 @@ def _envelope(loss: dict[int, tuple[np.ndarray, np.ndarray]], xs: ch.Scale) -> t
     means = np.full((len(loss), ch.PLOT_W), np.nan)
     for i, (steps, values) in enumerate(loss.values()):
         ok = np.isfinite(values)
-        v = np.clip(values[ok], -ch.CLIP, ch.CLIP)
+        v = ch.finite_clipped(values[ok])
         cols = ch.columns_of(xs, steps[ok])
         np.minimum.at(lo, cols, v)
         np.maximum.at(hi, cols, v)
@@ -554,7 +557,7 @@ def _grad_lines(grad: dict[int, tuple[np.ndarray, np.ndarray]], xs: ch.Scale) ->
     legend = []
     for i, (rank, (steps, values)) in enumerate(grad.items()):
         colour = ch.PALETTE[i % len(ch.PALETTE)]
-        x, y = downsample(steps, np.clip(values, -ch.CLIP, ch.CLIP), 2 * ch.PLOT_W)
+        x, y = downsample(steps, ch.finite_clipped(values), 2 * ch.PLOT_W)
         px, py = xs.px(x), ys.px(y)
         parts.append(f'<path class="line" stroke="{colour}" d="{ch.polyline_path(px, py)}"><title>rank {rank}</title></path>')
         if steps.size <= ch.MARKER_POINTS:
@@ -629,7 +632,7 @@ _CSS = """
 .sdr svg.chart{width:100%;height:auto;display:block;font-size:12px}
 .sdr svg .axis{stroke:#5a6475;stroke-width:1}.sdr svg .tick{stroke:#5a6475}.sdr svg .grid{stroke:#e6e9ef;stroke-width:1}
 .sdr svg .tl{fill:#3a4250;font-size:11px}.sdr svg .at{fill:#3a4250;font-size:12px;font-weight:600}
-.sdr svg .line{fill:none;stroke-width:1.4;stroke-linejoin:round}.sdr svg .median{fill:none;stroke:#08519c;stroke-width:1.4}
+.sdr svg .line{fill:none;stroke-width:1.4;stroke-linejoin:round}.sdr svg .line.hl{stroke-width:.9;stroke-opacity:.85}.sdr svg .median{fill:none;stroke:#08519c;stroke-width:1.4}
 .sdr svg .band{fill:#9ecae1;fill-opacity:.7;stroke:none}.sdr svg .frame{fill:none;stroke:#b0b6c0}
 .sdr svg .bracket{fill:#d32f2f;fill-opacity:.15}.sdr svg .div{stroke:#c62828;stroke-width:1.5;stroke-dasharray:5 3}
 .sdr svg .divl{fill:#c62828;font-size:12px;font-weight:600}.sdr svg .evt{fill:#e65100}

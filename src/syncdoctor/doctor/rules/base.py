@@ -47,7 +47,8 @@ def doc_sections(doc: str | None) -> dict[str, str]:
     sections of a rule's or check's docstring: its documentation."""
     doc = doc or ""
     sections = {k.lower().replace(" ", "_"): " ".join(v.split()) for k, v in _SECTION.findall(doc)}
-    return {"summary": doc.strip().split("\n")[0], **sections}
+    # The summary is the whole first paragraph, however the docstring wraps it.
+    return {"summary": " ".join(doc.strip().split("\n\n")[0].split()), **sections}
 
 
 def fmt_ranks(ranks: list[int] | set[int]) -> str:
