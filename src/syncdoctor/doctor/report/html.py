@@ -544,6 +544,9 @@ def _grad_chart(diag: Diagnosis, grad: dict[int, tuple[np.ndarray, np.ndarray]],
         diag.grad_norm_kind, "as logged")
     points = max(s.size for s, _ in grad.values())
     title = f"<h3>Gradient norm per rank: {what} ({points:,} measured step{'s' if points != 1 else ''} per rank)</h3>"
+    if points <= 10 and diag.grad_norm_kind:
+        title += ('<p class="detail">The probe measures gradient norms at its detailed checks only '
+                  "(step 1 and every 100th step or so); <code>--check-every 1</code> measures every step.</p>")
     if len(grad) <= ch.MAX_LINES:
         return title + _grad_lines(grad, xs)
     return title + _grad_grid(diag, grad, xs)
