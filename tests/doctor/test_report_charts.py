@@ -21,8 +21,8 @@ import pytest
 
 from syncdoctor.doctor.diagnose import diagnose
 from syncdoctor.doctor.model import Diagnosis
-from syncdoctor.doctor.report import render_html
 from syncdoctor.doctor.report import charts as ch
+from syncdoctor.doctor.report import render_html
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "report"))
 from browser import CHROMIUM, SKIP_REASON, screenshot  # noqa: E402
