@@ -133,6 +133,11 @@ def test_lab_dropped_rank_report_marks_the_left_out_rank(lab, tmp_path):
     assert grad.count("<circle") == 4  # steps 1 and 100 on each rank: its own norm, not the reduced one
     norms = {r: [v for _, v in s] for r, s in diag.grad_norm_series.items()}
     assert norms[0] != norms[1]
+    # The probe's own mismatch lines are in the events table, with the step they name
+    # (and when they were logged), kind unbroken; the chart marks only the comm event.
+    assert re.search(r'<td class="nowrap">mismatch</td><td class="num">\d</td>'
+                     r'<td class="nowrap">50 <span class="detail">\(logged at \d+\)</span></td>', page)
+    assert loss.count('class="evt"') == 1 and "timeout" in re.search(r'class="evt".*?</path>', loss).group(0)
     if CHROMIUM:
         _shoot(page, "report-150-steps-dropped-rank", tmp_path)
 
@@ -160,6 +165,7 @@ def test_100k_steps_by_256_ranks(tmp_path):
     assert 'class="band"' in loss and 'class="median"' in loss and "rank 7" in loss
     assert ">100,000</text>" in loss
     assert loss.count('class="line') == 1  # only the rank singled out, over the envelope
+    assert loss.count('class="evt"') == 1  # the timeout; the probe's own mismatch line is not drawn
     if CHROMIUM:
         _shoot(page, "report-100k-steps-256-ranks", tmp_path)
 

@@ -478,15 +478,19 @@ def _loss_chart(diag: Diagnosis, loss: dict[int, tuple[np.ndarray, np.ndarray]],
     for i, rank in enumerate(drawn):
         colour = ch.PALETTE[i % len(ch.PALETTE)] if not envelope else ch.PALETTE[(i + 1) % len(ch.PALETTE)]
         steps, values = loss[rank]
-        x, y = downsample(steps, ch.finite_clipped(values), 2 * ch.PLOT_W)
-        px, py = xs.px(x), ys.px(y)
+        if envelope:  # over a band, a rank's own min-max would hide it: its mean per column
+            x, y = ch.LEFT + np.arange(ch.PLOT_W) + 0.5, _column_mean(steps, values, xs)
+            px, py = x, ys.px(y)
+        else:
+            x, y = downsample(steps, ch.finite_clipped(values), 2 * ch.PLOT_W)
+            px, py = xs.px(x), ys.px(y)
         cls = "line hl" if envelope else "line"
         parts.append(f'<path class="{cls}" stroke="{colour}" d="{ch.polyline_path(px, py)}"><title>rank {rank}</title></path>')
         if steps.size <= ch.MARKER_POINTS:
             ok = np.isfinite(px) & np.isfinite(py)
             parts.append("".join(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.5" fill="{colour}"/>'
                                  for a, b in zip(px[ok], py[ok], strict=True)))
-        legend.append(("line", colour, f"rank {rank}" + (" (singled out)" if envelope else "")))
+        legend.append(("line", colour, f"rank {rank}" + (" (singled out; its mean per column)" if envelope else "")))
     parts.append(_event_marks(diag.events, xs, top))
     parts.append(ch.x_axis(xs, bottom))
     parts.append("</svg>")
@@ -522,6 +526,16 @@ def _envelope(loss: dict[int, tuple[np.ndarray, np.ndarray]], xs: ch.Scale) -> t
         if have.any():
             median[have] = np.nanmedian(means[:, have], axis=0)
     return (lo, hi), median
+
+
+def _column_mean(steps: np.ndarray, values: np.ndarray, xs: ch.Scale) -> np.ndarray:
+    ok = np.isfinite(values)
+    v = ch.finite_clipped(values[ok])
+    cols = ch.columns_of(xs, steps[ok])
+    sums = np.bincount(cols, v, ch.PLOT_W)
+    counts = np.bincount(cols, minlength=ch.PLOT_W)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
 def _marked(e: Event) -> bool:
