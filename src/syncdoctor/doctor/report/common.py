@@ -109,6 +109,19 @@ def fmt_ranks(ranks: Iterable[int], limit: int = 12) -> str:
     return ", ".join(groups[:limit]) + more
 
 
+def bracket_text(diag: Diagnosis) -> str:
+    """'between step 41 and 50' — where the replicas parted, as closely as the checks tell."""
+    div = diag.divergence_step
+    if div is None:
+        return ""
+    last = diag.last_agree_step
+    if last is None:
+        return f"at or before step {div} (no earlier check agreed)"
+    if last + 1 >= div:
+        return f"at step {div}"
+    return f"between step {last + 1} and {div}"
+
+
 def shape_line(shape: LossShape) -> str:
     """'sawtooth (rank 3, 10 points)' — the heading for a loss shape."""
     who = "all-rank mean" if shape.rank is None else f"rank {shape.rank}"

@@ -34,6 +34,7 @@ from syncdoctor.doctor.report import charts as ch
 from syncdoctor.doctor.report.charts import downsample
 from syncdoctor.doctor.report.common import (
     VERDICT_TEXT,
+    bracket_text,
     clean,
     fmt_num,
     fmt_ranks,
@@ -113,19 +114,6 @@ def render_fragment(diag: Diagnosis, title: str = "syncdoctor report") -> str:
 def _e(text: object, limit: int | None = None, oneline: bool = False) -> str:
     """Untrusted text → inert HTML text."""
     return escape(clean(text, oneline=oneline, limit=limit), quote=True)
-
-
-def bracket_text(diag: Diagnosis) -> str:
-    """'between step 41 and 50' — where the replicas parted, as closely as the checks tell."""
-    div = diag.divergence_step
-    if div is None:
-        return ""
-    last = diag.last_agree_step
-    if last is None:
-        return f"at or before step {div} (no earlier check agreed)"
-    if last + 1 >= div:
-        return f"at step {div}"
-    return f"between step {last + 1} and {div}"
 
 
 def _header(diag: Diagnosis, title: str) -> str:

@@ -18,6 +18,7 @@ from syncdoctor.doctor.report.common import (
     SHAPE_STYLE,
     VERDICT_STYLE,
     VERDICT_TEXT,
+    bracket_text,
     clean,
     fmt_num,
     fmt_ranks,
@@ -51,7 +52,7 @@ def render_terminal(diag: Diagnosis, console: Console | None = None) -> None:
         if shape.detail:
             out(_t("  " + clean(shape.detail, oneline=True), "dim"))
     if diag.divergence_step is not None:
-        out(Text.assemble(_t("Ranks diverge from step ", "bold"), _t(str(diag.divergence_step))))
+        out(Text.assemble(_t("Replicas parted ", "bold"), _t(bracket_text(diag))))
 
     if diag.findings:
         out(_top_finding(diag.findings[0]))
@@ -157,7 +158,7 @@ def _rank_table(diag: Diagnosis) -> Table:
             _t(fmt_num(r.mean_loss)),
             _t(fmt_num(r.grad_norm)),
             _t(shape.shape if shape else "", SHAPE_STYLE.get(shape.shape, "") if shape else ""),
-            _t(clean(r.status, oneline=True, limit=20), status_style),
+            _t(clean(r.status, oneline=True, limit=40), status_style),
             _t(clean(r.note, oneline=True, limit=120)),
         )
     if hidden:
