@@ -121,10 +121,13 @@ def test_lab_dropped_rank_report_marks_the_left_out_rank(lab, tmp_path):
     assert "Replicas parted <b>between step 41 and 50</b>" in page
     charts = _charts(page)
     agreement = _grid(charts["replica agreement per check, rank by step"])
-    # Rank 1's row turns red at the first disagreeing check and stays red to the end.
+    # Two ranks that disagree: no majority says which is right, so both rows turn red
+    # at the first disagreeing check (the per-rank table names the left-out one).
     last = max(r.steps for r in diag.ranks)
     x1, x50 = (int(_x_of("", s, 1, last) - ch.LEFT) for s in (1, 50))
-    assert (agreement[1, x50 + 1:] == RED).all() and (agreement[0, x50 + 1:] == GREEN).all()
+    assert (agreement[:, x50 + 1:] == RED).all()
+    assert "ranks 0-1 disagree</span>: no majority of the 2 says which side is right" in page
+    assert status[0] == "not averaged"
     assert (agreement[:, x1 + 1: x50 - 1] == GREEN).all() and (agreement[:, : x1 - 1] == WHITE).all()
     loss = charts["loss per rank by step"]
     assert 'class="bracket"' in loss and "replicas parted between step 41 and 50" in loss

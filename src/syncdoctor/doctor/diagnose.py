@@ -94,23 +94,27 @@ def _alone_in_reduce(ev: Evidence, since: int) -> dict[int, int]:
 
 
 def _rank_status(rank: int, ev: Evidence, failed: dict[int, str], alone: dict[int, int],
-                 odd: set[int], div_step: int | None, last_step: int | None) -> tuple[str, str]:
-    """(status, note) for one rank that left data: what the evidence says about it."""
+                 odd: set[int], blamed: set[int], div_step: int | None,
+                 last_step: int | None) -> tuple[str, str]:
+    """(status, note) for one rank that left data: what the evidence says about it.
+    ``blamed``: the ranks that stand out by themselves (outside a strict majority, or
+    with a communication event of their own before the divergence)."""
     steps = ev.step_counts.get(rank)
     if rank in failed:
         return "crashed", failed[rank]
     if rank in ev.ended_early or (steps is not None and last_step is not None and steps < last_step):
         return "ended early", f"last step {steps} of {last_step}" if steps is not None else ""
-    if rank in alone and (rank in odd or not odd):
-        return "left out of the average", (f"from step {alone[rank]} its reduced gradient equals its own "
-                                           "(ratio 1.0): it was averaged with no other rank")
-    if rank in odd:
-        note = f"its parameters parted from the majority's at step {div_step}"
-        if rank in alone:
-            note += f"; not averaged with the others from step {alone[rank]}"
-        return "odd one out", note
     if rank in alone:
-        return "ok", f"from step {alone[rank]} its reduced gradient equals its own (averaged alone)"
+        note = (f"from step {alone[rank]} its reduced gradient equals its own (ratio 1.0): "
+                "it was averaged with no other rank")
+        if rank in blamed or not blamed:
+            return "left out of the average", note
+        return "not averaged", note
+    if rank in odd:
+        note = f"its parameters differ from step {div_step}"
+        if rank in blamed:
+            return "odd one out", note
+        return "disagrees", note + " (no majority says which side is right)"
     return "ok", ""
 
 
@@ -139,6 +143,13 @@ def rank_summaries(ev: Evidence) -> list[RankSummary]:
     div = ev.divergence
     odd = set(div.ranks) if div else set()
     alone = _alone_in_reduce(ev, div.step) if div else {}
+    world = ev.world_size or len(ev.ranks)
+    blamed = odd if len(odd) * 2 < world else set()  # a strict majority stands against them
+    if div is not None and not blamed:
+        # Without a majority, a rank with a communication trouble of its own just
+        # before the parting is the one the average lost.
+        blamed = {int(e.rank) for e in ev.events_of("timeout", "retry", "watchdog", "network")
+                  if e.rank is not None and (e.step is None or e.step <= div.step)} & (odd | set(alone))
     last_step = max(ev.step_counts.values()) if ev.step_counts else None
     expected = range(ev.world_size) if ev.world_size else ev.ranks
     present = set(ev.ranks)
@@ -153,7 +164,8 @@ def rank_summaries(ev: Evidence) -> list[RankSummary]:
         if rank not in present:
             status, note = "missing", ""
         else:
-            status, note = _rank_status(rank, ev, failed, alone, odd, div.step if div else None, last_step)
+            status, note = _rank_status(rank, ev, failed, alone, odd, blamed, div.step if div else None,
+                                        last_step)
         out.append(RankSummary(rank=rank, steps=ev.step_counts.get(rank), last_loss=last, mean_loss=mean,
                                grad_norm=norms.get(rank), status=status, note=note))
     return out

@@ -253,24 +253,26 @@ class Evidence:
 
     @cached_property
     def _agreement_per_check(self) -> list[tuple[int, list[int]]]:
-        """(step, ranks outside the majority) at every step where two or more ranks
-        fingerprinted their parameters; the majority as records.compare has it (on a
-        tie the lowest rank's value is the reference)."""
+        """(step, odd ranks) at every step where two or more ranks fingerprinted their
+        parameters; odd as records.compare.agreement has it: outside a strict
+        majority, or every rank of a split without one."""
         if not self.has_records or "param_fp" not in self.steps.columns:
             return []
         rows = self.steps.filter(pl.col("param_fp").is_not_null()).select("step", "rank", "param_fp")
         if not rows.height:
             return []
-        groups = rows.group_by("step", "param_fp").agg(pl.len().alias("n"), pl.col("rank").min().alias("lo"))
-        reference = (groups.sort(["step", "n", "lo"], descending=[False, True, False])
+        groups = rows.group_by("step", "param_fp").agg(pl.len().alias("k"), pl.col("rank").min().alias("lo"))
+        reference = (groups.sort(["step", "k", "lo"], descending=[False, True, False])
                      .unique("step", keep="first", maintain_order=True)
-                     .select("step", pl.col("param_fp").alias("_ref")))
+                     .select("step", pl.col("param_fp").alias("_ref"), pl.col("k").alias("_top")))
         per_check = (rows.join(reference, on="step")
                      .group_by("step")
-                     .agg(pl.len().alias("n"),
-                          pl.col("rank").filter(pl.col("param_fp") != pl.col("_ref")).sort().alias("parted"))
+                     .agg(pl.len().alias("n"), pl.col("_top").first().alias("top"),
+                          pl.col("rank").filter(pl.col("param_fp") != pl.col("_ref")).sort().alias("odd"),
+                          pl.col("rank").sort().alias("all"))
                      .filter(pl.col("n") > 1).sort("step"))
-        return [(int(s), list(p)) for s, p in zip(per_check["step"], per_check["parted"], strict=True)]
+        return [(int(s), list(odd) if top * 2 > n or not odd else list(every))
+                for s, n, top, odd, every in per_check.select("step", "n", "top", "odd", "all").iter_rows()]
 
     @cached_property
     def agreement(self) -> list[dict[str, Any]]:
@@ -295,7 +297,8 @@ class Evidence:
             last = spans[-1] if spans else None
             if last is None or last["_key"] != key:
                 last = {"_key": key, "first_step": step, "last_step": step, "checks": 0, "ranks": len(present),
-                        "parted": parted, "missing": missing, "what": [], "tensor": None}
+                        "parted": parted, "missing": missing, "what": [], "tensor": None,
+                        "no_majority": bool(parted) and len(parted) * 2 >= len(present)}
                 spans.append(last)
             last["last_step"] = step
             last["checks"] += 1

@@ -106,6 +106,7 @@ class AgreementSpan:
     missing: list[int] = field(default_factory=list)  # expected ranks that did not report
     what: list[str] = field(default_factory=list)  # what the live check saw differ (param, grad, ...)
     tensor: str | None = None  # first differing tensor, from the live check
+    no_majority: bool = False  # no strict majority held one value: every rank of the split is listed
 
 
 @dataclass

@@ -71,7 +71,8 @@ _VERDICT_CLASS = {
     "not_sync_problem": "warn",
     "inconclusive": "info",
 }
-_STATUS_CLASS = {"ok": "ok", "ended early": "warn", "missing": "warn", "stalled": "warn"}
+_STATUS_CLASS = {"ok": "ok", "ended early": "warn", "missing": "warn", "stalled": "warn", "not averaged": "warn",
+                 "disagrees": "warn"}
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
        "base-uri 'none'; form-action 'none'")
 
@@ -417,7 +418,8 @@ def _agreement_chart(diag: Diagnosis, xs: ch.Scale) -> str:
            ch.x_axis(xs, top + grid_h),
            "</svg>"]
     binned = f" (rows of {per_row} ranks: a row is red when any of its ranks parted)" if per_row > 1 else ""
-    legend = _legend([("band", "#4caf50", "agreed with the majority"), ("band", "#d32f2f", "parted from it"),
+    legend = _legend([("band", "#4caf50", "agreed with the majority"),
+                      ("band", "#d32f2f", "parted from it (or, without a majority, every side of the split)"),
                       ("band", "#b0b6c0", "did not report"), ("band", "#ffffff", "before the first check")])
     return title + "".join(svg) + legend + _span_table(spans, binned)
 
@@ -429,8 +431,12 @@ def _span_table(spans: list[AgreementSpan], binned: str) -> str:
         steps = f"{s.first_step}" if s.first_step == s.last_step else f"{s.first_step}–{s.last_step}"
         if s.parted:
             who = f"rank{'s' if len(s.parted) > 1 else ''} {fmt_ranks(s.parted)}"
-            outcome = (f'<span class="st bad">{_e(who)} parted</span> from the other '
-                       f"{s.ranks - len(s.parted)} of {s.ranks}")
+            if s.no_majority:
+                outcome = (f'<span class="st bad">{_e(who)} disagree</span>: no majority of the {s.ranks} '
+                           "says which side is right")
+            else:
+                outcome = (f'<span class="st bad">{_e(who)} parted</span> from the other '
+                           f"{s.ranks - len(s.parted)} of {s.ranks}")
         else:
             outcome = f'<span class="st ok">all {s.ranks} agreed</span>'
         if s.missing:
