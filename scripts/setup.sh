@@ -27,7 +27,9 @@ TORCH=${SYNCDOCTOR_TORCH:-torch==2.13.0}
 if [ "$TEST" = 1 ]; then
     .venv/bin/python -m pip install -q "$TORCH" -e ".[dev,zoo,tensorboard]"
 else
-    .venv/bin/python -m pip install -q "$TORCH" -e ".[lab]"
+    # --no-compile: byte-compiling every file of torch, sympy and scipy up front costs
+    # more CPU than the demo itself; Python compiles what it imports, when it does.
+    .venv/bin/python -m pip install -q --no-compile "$TORCH" -e ".[lab]"
 fi
 echo "syncdoctor set up in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
 if [ "$TEST" = 0 ]; then
