@@ -28,8 +28,10 @@ if [ "$TEST" = 1 ]; then
     .venv/bin/python -m pip install -q "$TORCH" -e ".[dev,zoo,tensorboard]"
 else
     # --no-compile: byte-compiling every file of torch, sympy and scipy up front costs
-    # more CPU than the demo itself; Python compiles what it imports, when it does.
+    # more CPU than the demo itself. One import of what a lab rank imports compiles
+    # just that, once, instead of in every rank process at its first start.
     .venv/bin/python -m pip install -q --no-compile "$TORCH" -e ".[lab]"
+    .venv/bin/python -c "import torch.distributed, torch.nn.parallel, sklearn.datasets, syncdoctor.probe, syncdoctor.lab.runner, syncdoctor.doctor.diagnose, syncdoctor.doctor.report"
 fi
 echo "syncdoctor set up in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
 if [ "$TEST" = 0 ]; then
