@@ -8,7 +8,10 @@ cd "$(dirname "$0")/.."
 if [ "${SYNCDOCTOR_NO_SETUP:-0}" != 1 ]; then
     bash scripts/setup.sh --test
 fi
-.venv/bin/python -m pytest --ignore=tests/mindspore "$@"
+# The fast tier first (unit, fixture and corpus tests: a broken rule fails in seconds),
+# then the slow tier (real multi-process training).
+.venv/bin/python -m pytest --ignore=tests/mindspore -m "not slow" "$@"
+.venv/bin/python -m pytest --ignore=tests/mindspore -m slow "$@"
 if [ -x .venv-ms/bin/python ]; then
     .venv-ms/bin/python -m pytest tests/mindspore "$@"
 else
