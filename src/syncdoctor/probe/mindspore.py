@@ -26,7 +26,6 @@ import random
 import socket
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ import numpy as np
 
 import syncdoctor
 from syncdoctor.probe.fingerprint_np import array_fingerprint, combine, ids_fingerprint
+from syncdoctor.records.compare import majority_outliers
 from syncdoctor.records.constants import MAX_IDS
 from syncdoctor.records.writer import RecordWriter
 
@@ -113,6 +113,14 @@ def _cell_hparams(cell: Any) -> dict[str, Any]:
         internal = set()
     return {k: v for k, v in vars(cell).items()
             if not k.startswith("_") and k not in internal and isinstance(v, _SCALARS)}
+
+
+def _size(param: Any) -> int:
+    """Elements of a MindSpore Parameter (1 for a scalar)."""
+    try:
+        return int(np.prod(param.shape)) if param.shape else 1
+    except Exception:
+        return 0
 
 
 def dataset_info(dataset: Any) -> dict[str, Any]:
@@ -208,6 +216,7 @@ class MindSporeProbe:
         self.writer: RecordWriter | None = None
         self._params: list[Any] = []
         self._opt_state: list[Any] = []
+        self._opt_hparams: list[Any] = []
         self._mode_cells: list[Any] = []
         self._gather: Any = None
         if not enabled:
@@ -221,8 +230,12 @@ class MindSporeProbe:
             if optimizer is not None:
                 # Momentum accumulators, lr, momentum and step counter: everything the
                 # optimizer owns that is not a weight must also stay equal on every rank.
-                self._opt_state = sorted((p for p in optimizer.get_parameters() if id(p) not in ids),
-                                         key=lambda p: p.name)
+                owned = sorted((p for p in optimizer.get_parameters() if id(p) not in ids), key=lambda p: p.name)
+                # Scalars the optimizer keeps as Parameters (learning_rate, momentum, ...) are
+                # its configuration, compared as such: a hyperparameter changed on one rank is
+                # a bug, not a state that drifted. The step counter is a counter.
+                self._opt_hparams = [p for p in owned if _size(p) == 1 and "global_step" not in p.name]
+                self._opt_state = [p for p in owned if not (_size(p) == 1 and "global_step" not in p.name)]
             if mode_cells is not None:
                 self._mode_cells = list(mode_cells)
             elif network is not None:
@@ -374,7 +387,8 @@ class MindSporeProbe:
         assert self.writer is not None
         self.writer.write("step", **{k: v for k, v in record.items() if v is not None or k in ("loss", "lr")})
         if check and not self.checks_disabled:
-            self._check(record["param_fp"], record["opt_fp"], tensor_fps, record["train_mode"])
+            self._check(record["param_fp"], record["opt_fp"], tensor_fps, record["train_mode"],
+                        combine(self._tensor_fps(self._opt_hparams)))
 
     # -- the live cross-rank check ------------------------------------------------------------
     def _allgather(self, values: list[int]) -> np.ndarray:
@@ -389,20 +403,18 @@ class MindSporeProbe:
         out = self._gather(ms.Tensor(send)).asnumpy()
         return np.ascontiguousarray(out.astype(np.int32)).view(np.int64).reshape(self.world_size, len(values))
 
-    def _check(self, param_fp: int, opt_fp: int, tensor_fps: list[int], train_mode: str) -> None:
+    def _check(self, param_fp: int, opt_fp: int, tensor_fps: list[int], train_mode: str, config_fp: int) -> None:
         mode_fp = ids_fingerprint(np.frombuffer(train_mode.encode(), dtype=np.uint8))
         try:
-            rows = self._allgather([self.step, self.backward, param_fp, opt_fp, mode_fp])
+            rows = self._allgather([self.step, self.backward, param_fp, opt_fp, mode_fp, config_fp])
         except Exception as exc:
             self.checks_disabled = repr(exc)
             self.writer.write("check", rank=self.rank, step=self.step, status="incomplete", what=[], ranks=[],  # type: ignore[union-attr]
                               tensor=None, detail={"error": repr(exc)[:500]})
             return
         what, outside = [], set()
-        for col, name in ((2, "param"), (3, "opt"), (0, "counter"), (1, "counter"), (4, "mode")):
-            column = [int(v) for v in rows[:, col]]
-            majority, _ = Counter(column).most_common(1)[0]
-            bad = [r for r, v in enumerate(column) if v != majority]
+        for col, name in ((2, "param"), (3, "opt"), (0, "counter"), (1, "counter"), (4, "mode"), (5, "config")):
+            bad = majority_outliers({r: int(v) for r, v in enumerate(rows[:, col])})
             if bad and name not in what:
                 what.append(name)
             outside.update(bad)
