@@ -168,7 +168,10 @@ def _probe_before_first_backward(loss: torch.Tensor) -> bool:
     _state["early_tried"] = True
     wanted = _graph_parameters(loss)
     module = _module_holding(wanted) if wanted else None
-    if module is None:
+    if module is None or any(hasattr(m, "_get_fsdp_state") for m in module.modules()):
+        # FSDP2 swaps its parameters for unsharded copies during forward and backward and
+        # frees their storage afterwards: the probe must see the sharded ones, at the
+        # optimizer's first step (before the update).
         return False
     probe = _new_probe(module)
     probe.created_at_backward = True  # type: ignore[attr-defined]

@@ -334,22 +334,26 @@ class CrossRankCheck:
                 self._read_due(None, deadline=deadline)
                 if self.due and not self.stopped:
                     time.sleep(0.05)
+            # Every rank's last reads are done (and their verdicts published) before anyone
+            # takes the last verdicts: then every rank records every mismatch.
+            self._meet("finished", deadline)
             if not self.everyone_reads and not self.stopped:
                 self._poll_verdicts()
-            self._wait_for_readers(deadline)
+            if self.rank == 0:
+                # Rank 0 usually hosts the store (Lightning, mp.spawn, a plain
+                # init_process_group): it stays until the others have taken the verdicts.
+                self._meet("left", deadline)
+            else:
+                self.store.add("left", 1)
         except Exception as exc:
             self._give_up(self.probe.step, exc)
         self.stopped = True
 
-    def _wait_for_readers(self, deadline: float) -> None:
-        """Rank 0 usually hosts the store (Lightning, mp.spawn, a plain
-        init_process_group): if it left first, the ranks still reading the last
-        blocks would lose them. So it stays until every rank has finished (or until
-        `deadline`: a rank that died does not hold the job's end)."""
-        self.store.add("finished", 1)
-        if self.rank != 0:
-            return
-        while self.store.add("finished", 0) < self.world_size and time.monotonic() < deadline:
+    def _meet(self, key: str, deadline: float) -> None:
+        """Count this rank in at `key` and wait until every rank has, or until `deadline`
+        (a rank that died does not hold the job's end)."""
+        self.store.add(key, 1)
+        while self.store.add(key, 0) < self.world_size and time.monotonic() < deadline:
             time.sleep(0.02)
 
     def _read_due(self, upto: int | None, deadline: float | None = None) -> None:
