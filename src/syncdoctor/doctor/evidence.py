@@ -328,7 +328,7 @@ class Evidence:
         steps = self.steps
         if not self.has_records or steps["rank"].n_unique() < 2:
             return None
-        found: list[tuple[int, str, list[int], dict[str, Any] | None]] = []
+        found: list[tuple[int, str, list[int], list[dict[str, Any]]]] = []
         for kind in ("param", "opt", "grad"):
             parted = self._first_disagreement(kind)
             if parted is not None:
@@ -348,15 +348,22 @@ class Evidence:
                     if row[c] > 1:
                         values = {int(r): v for r, v in zip(at["rank"], at[c], strict=True) if v is not None}
                         ranks.update(majority_outliers(values))
-                found.append((step, "counter", sorted(ranks), None))
+                found.append((step, "counter", sorted(ranks), []))
         if not found:
             return None
         step = min(f[0] for f in found)
         first = [f for f in found if f[0] == step]
         detail: dict[str, Any] = {}
-        groups = [f[3] for f in first if f[3] is not None and self.replica]
-        if groups:
-            detail["groups"] = groups
+        merged: dict[tuple[int, tuple[int, ...]], dict[str, Any]] = {}
+        for group in (g for f in first for g in f[3]) if self.replica else ():
+            key = (group["class"], tuple(group["members"]))
+            if key in merged:
+                merged[key]["what"] = sorted(set(merged[key]["what"]) | set(group["what"]))
+                merged[key]["odd"] = sorted(set(merged[key]["odd"]) | set(group["odd"]))
+            else:
+                merged[key] = dict(group)
+        if merged:
+            detail["groups"] = list(merged.values())
         return Divergence(step, sorted({r for f in first for r in f[2]}), sorted({f[1] for f in first}),
                           detail=detail)
 
@@ -410,9 +417,9 @@ class Evidence:
         return int(later["step"].min()) if later.height else None
 
     def _first_disagreement(self, kind: str, start: int | None = None, end: int | None = None
-                            ) -> tuple[int, list[int], dict[str, Any]] | None:
+                            ) -> tuple[int, list[int], list[dict[str, Any]]] | None:
         """The first step (in [start, end]) where ranks that must hold the same `kind`
-        do not: (step, the odd ranks, the replica group)."""
+        do not: (step, the odd ranks, the replica groups that parted there)."""
         frame = self._long_fps(kind)
         if not frame.height:
             return None
@@ -425,13 +432,17 @@ class Evidence:
                   .filter(pl.col("k") > 1).sort("step", "class"))
         if not groups.height:
             return None
-        row = groups.row(0, named=True)
-        values = dict(zip(row["rank"], row["value"], strict=True))
-        group: dict[str, Any] = {"class": row["class"], "members": sorted(values), "odd": majority_outliers(values)}
+        step = int(groups["step"][0])
         classes = next(iter(self.replica.values())).get("classes") if self.replica else None
-        if classes and row["class"] < len(classes):
-            group["dims"] = classes[row["class"]]
-        return int(row["step"]), group["odd"], group
+        parted = []
+        for row in groups.filter(pl.col("step") == step).iter_rows(named=True):
+            values = dict(zip(row["rank"], row["value"], strict=True))
+            group: dict[str, Any] = {"class": row["class"], "members": sorted(values),
+                                     "odd": majority_outliers(values), "what": [kind]}
+            if classes and row["class"] < len(classes):
+                group["dims"] = classes[row["class"]]
+            parted.append(group)
+        return step, sorted({r for g in parted for r in g["odd"]}), parted
 
     @cached_property
     def counter_table(self) -> dict[str, dict[int, Any]]:

@@ -85,6 +85,8 @@ class SilentCorruption(Rule):
         div = ev.divergence
         if div is None or not div.what or not set(div.what) <= CORRUPTIBLE:
             return None
+        if len(div.detail.get("groups") or []) > 1:
+            return None  # several replica groups parted at once: one cause for all, not a flipped bit
         checks = sorted((c for c in ev.checks if c.get("status") == "mismatch"), key=lambda c: c["step"])
         bug_marks = sorted({BUG_MARKS[w] for c in checks for w in c.get("what", []) if w in BUG_MARKS})
         if bug_marks or self._setup_differs(ev) or self._other_mechanism(ev, div.step):
