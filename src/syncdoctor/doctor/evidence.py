@@ -379,7 +379,14 @@ class Evidence:
         """The device mesh of a sharded/hybrid job (shape, dimension names, ranks)."""
         return next((info.get("mesh") for info in self.replica.values() if info.get("mesh")), None)
 
+    @cached_property
+    def _fps_by_kind(self) -> dict[str, pl.DataFrame]:
+        return {kind: self._build_long_fps(kind) for kind in ("param", "opt", "grad")}
+
     def _long_fps(self, kind: str) -> pl.DataFrame:
+        return self._fps_by_kind[kind]  # built once: the divergence and agree_after read it often
+
+    def _build_long_fps(self, kind: str) -> pl.DataFrame:
         """rank, step, class, key, value: the fingerprints of `kind` (param, opt, grad)
         per placement class, with the replica key each rank holds for it. Under plain
         data parallelism: one class whose key is the same on every rank."""
