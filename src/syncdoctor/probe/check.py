@@ -243,6 +243,7 @@ class CrossRankCheck:
         self.due: list[tuple[int, float]] = []  # blocks this rank reads: (number, posted at)
         self.ready_slots: set[int] = set()  # slots every rank has written: multi_get cannot wait
         self.stopped = False
+        self.store_failed = False  # the store itself did not answer: nothing more is asked of it
         self.reported: set[tuple[str, ...]] = set()
         self.verdicts_seen = 0
         self.polled_at = time.monotonic()
@@ -325,6 +326,7 @@ class CrossRankCheck:
         waiting at most `timeout_s` for ranks that have not posted it, then pick up any
         last verdict."""
         if self.stopped:
+            self._take_last_verdicts()
             return
         deadline = time.monotonic() + timeout_s
         try:
@@ -337,8 +339,7 @@ class CrossRankCheck:
             # Every rank's last reads are done (and their verdicts published) before anyone
             # takes the last verdicts: then every rank records every mismatch.
             self._meet("finished", deadline)
-            if not self.everyone_reads and not self.stopped:
-                self._poll_verdicts()
+            self._take_last_verdicts()
             if self.rank == 0:
                 # Rank 0 usually hosts the store (Lightning, mp.spawn, a plain
                 # init_process_group): it stays until the others have taken the verdicts.
@@ -348,6 +349,17 @@ class CrossRankCheck:
         except Exception as exc:
             self._give_up(self.probe.step, exc)
         self.stopped = True
+
+    def _take_last_verdicts(self) -> None:
+        """Record the verdicts other ranks published, also after a read that gave up on a
+        late rank (what was published before is in the store all the same); not when the
+        store itself stopped answering."""
+        if self.everyone_reads or self.store_failed:
+            return
+        try:
+            self._poll_verdicts()
+        except Exception as exc:
+            self._give_up(self.probe.step, exc)
 
     def _meet(self, key: str, deadline: float) -> None:
         """Count this rank in at `key` and wait until every rank has, or until `deadline`
@@ -374,6 +386,8 @@ class CrossRankCheck:
             if missing:
                 now = time.monotonic()
                 if now - posted_at > self.timeout_s or (deadline is not None and now > deadline):
+                    if not blocks:  # name only the ranks whose slot is still empty
+                        missing = [r for r, key in enumerate(keys) if not self.store.check([key])]
                     self._incomplete(first, missing, now - posted_at)
                 return
             self.due.pop(0)
@@ -512,6 +526,7 @@ class CrossRankCheck:
                    {"missing": missing, "check": index, "waited_s": round(waited_s, 1), "timeout_s": self.timeout_s})
 
     def _give_up(self, step: int, exc: BaseException) -> None:
+        self.store_failed = True
         self._stop(step, f"the job's store did not answer ({type(exc).__name__})",
                    {"error": f"{type(exc).__name__}: {str(exc)[:300]}", "timeout_s": self.timeout_s})
 
