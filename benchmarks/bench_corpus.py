@@ -45,8 +45,8 @@ def keyword_floor(text: str) -> str:
 
 def doctor_top(case: Case) -> tuple[str, bool, str]:
     """(top category, any error-severity finding, verdict) for one case."""
-    from syncdoctor.cli import InputError
     from syncdoctor.doctor.diagnose import diagnose
+    from syncdoctor.errors import InputError
 
     try:
         diag = diagnose([case.log_path])

@@ -2,7 +2,7 @@
 hypothesis property tests (tests/reliability/test_fuzz_properties.py), so both feed
 the same code the same way and hold it to the same contract:
 
-    only the documented input errors may escape (``syncdoctor.cli.InputError``,
+    only the documented input errors may escape (``syncdoctor.errors.InputError``,
     ``syncdoctor.records.RecordError``, ``RankTableError`` from the rank-table
     reader); everything else a hostile input causes must come back as a one-line
     warning or finding, never as an exception.
@@ -23,13 +23,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from syncdoctor.cli import InputError
 from syncdoctor.cli import main as cli_main
 from syncdoctor.doctor.diagnose import diagnose
 from syncdoctor.doctor.ingest import LogData, ingest_logs
 from syncdoctor.doctor.model import Diagnosis
 from syncdoctor.doctor.report import render_json, render_terminal
 from syncdoctor.doctor.rules import all_rules
+from syncdoctor.errors import InputError
 from syncdoctor.preflight.engine import run_preflight
 from syncdoctor.preflight.rank_table import RankTable, RankTableError, load_rank_table
 from syncdoctor.preflight.registry import all_checks

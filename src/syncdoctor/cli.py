@@ -10,11 +10,9 @@ import difflib
 import sys
 from collections.abc import Callable, Iterable, Sequence
 
+from syncdoctor.errors import InputError
+
 EXIT_USAGE = 2
-
-
-class InputError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
@@ -99,7 +97,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":  # python -m syncdoctor.cli: the package's own module, one InputError
-    from syncdoctor.cli import main as _main
-
-    sys.exit(_main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
-from syncdoctor.cli import InputError
+from syncdoctor.errors import InputError
 
 _STEP_TAGS = (("grad_norm_local", "grad_norm/local"), ("grad_norm", "grad_norm/reduced"), ("lr", "lr"),
               ("loss_scale", "loss_scale"))

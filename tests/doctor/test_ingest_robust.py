@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from syncdoctor.cli import InputError
 from syncdoctor.doctor.ingest import ingest_logs
 from syncdoctor.doctor.ingest.scan import MAX_LINE_BYTES, _split_lines, iter_chunks
+from syncdoctor.errors import InputError
 
 
 def test_nothing_to_read_is_an_input_error(tmp_path):

@@ -13,8 +13,9 @@ from rich.console import Console
 
 from syncdoctor.doctor.model import DIAGNOSIS_SCHEMA, Diagnosis, Finding, RankSummary
 from syncdoctor.doctor.report import render_html, render_json, render_terminal
-from syncdoctor.doctor.report.common import clean, fmt_num, fmt_ranks
-from syncdoctor.doctor.report.html import downsample
+from syncdoctor.doctor.report.common import clean, fmt_num
+from syncdoctor.doctor.series import downsample
+from syncdoctor.rulebook import fmt_ranks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "report"))
 from hostile import (  # noqa: E402
@@ -38,7 +39,7 @@ def test_terminal_shows_verdict_and_top_cause():
     plain, _ = _terminal(hostile_diagnosis())
     assert "Sync problem" in plain
     assert TOP_TITLE in plain
-    for fact in ("SYNC001", "sync.incomplete_reduce", "confidence 90 %", "step 25", "ranks 3"):
+    for fact in ("SYNC001", "sync.incomplete_reduce", "confidence 90 %", "step 25", "rank 3"):
         assert fact in plain
     assert "Evidence" in plain and "Fix" in plain
     assert "Other findings" in plain and "DATA002" in plain
@@ -90,7 +91,8 @@ def test_clean_and_formatting_helpers():
         "3",
         "0.1235",
     ]
-    assert fmt_ranks([5, 0, 1, 2, 7, 8]) == "0-2, 5, 7-8"
+    assert fmt_ranks([5, 0, 1, 2, 7, 8]) == "ranks 0-2, 5, 7, 8"
+    assert fmt_ranks([3]) == "rank 3"
 
 
 def test_json_is_strict_stable_and_nan_safe():

@@ -126,7 +126,7 @@ def test_lab_dropped_rank_report_marks_the_left_out_rank(lab, tmp_path):
     last = max(r.steps for r in diag.ranks)
     x1, x50 = (int(_x_of("", s, 1, last) - ch.LEFT) for s in (1, 50))
     assert (agreement[:, x50 + 1:] == RED).all()
-    assert "ranks 0-1 disagree</span>: no majority of the 2 says which side is right" in page
+    assert "ranks 0, 1 disagree</span>: no majority of the 2 says which side is right" in page
     assert status[0] == "not averaged"
     assert (agreement[:, x1 + 1: x50 - 1] == GREEN).all() and (agreement[:, : x1 - 1] == WHITE).all()
     loss = charts["loss per rank by step"]

@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from syncdoctor.cli import InputError
+from syncdoctor.errors import InputError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -106,15 +106,10 @@ def _stdin_as_file(paths: list[str]) -> Iterator[list[str]]:
 
 def all_rule_docs() -> list[dict]:
     from syncdoctor.doctor.rules import all_rules
-    from syncdoctor.doctor.rules.base import doc_sections
     from syncdoctor.preflight.registry import all_checks
 
-    docs = [dict(rule.docs(), kind="diagnosis") for rule in all_rules()]
-    for check in all_checks():
-        sections = doc_sections(check.__doc__)
-        docs.append({"code": check.code, "name": check.name, "kind": "preflight", "category": check.target,
-                     "severity": check.severity, "title": sections["summary"], **sections})
-    return docs
+    return ([dict(rule.docs(), kind="diagnosis") for rule in all_rules()]
+            + [dict(check.docs(), kind="preflight") for check in all_checks()])
 
 
 def cmd_rules(args: argparse.Namespace) -> int:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
-from syncdoctor.cli import InputError
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import AgreementSpan, Diagnosis, Finding, RankSummary, Verdict
 from syncdoctor.doctor.rules import all_rules
+from syncdoctor.doctor.series import downsample
+from syncdoctor.errors import InputError
 from syncdoctor.records import RecordError, read_run
 from syncdoctor.records.reader import is_run_dir
 
@@ -185,20 +187,12 @@ def _series(frame: pl.DataFrame, value: str) -> dict[int, list[list[float]]]:
     if not frame.height or value not in frame.columns:
         return {}
     frame = frame.filter(pl.col(value).is_not_null() & pl.col("rank").is_not_null())
-    if not frame.height:
-        return {}
-    width = max(1, -(-int(frame["step"].max() - frame["step"].min() + 1) // (SERIES_POINTS // 2)))
-    # Per (rank, bucket): the points holding the bucket's minimum and maximum.
-    lo = pl.col(value).arg_min()
-    hi = pl.col(value).arg_max()
-    bucketed = (frame.with_columns((pl.col("step") // width).alias("_b"))
-                .group_by("rank", "_b")
-                .agg(pl.concat_list(pl.col("step").get(lo), pl.col("step").get(hi)).alias("s"),
-                     pl.concat_list(pl.col(value).get(lo), pl.col(value).get(hi)).alias("v"))
-                .explode("s", "v").unique(["rank", "s"]).sort("rank", "s")
-                .group_by("rank", maintain_order=True).agg("s", "v"))
-    return {int(rank): [[float(a), float(b)] for a, b in zip(steps, values, strict=True)]
-            for rank, steps, values in bucketed.iter_rows()}
+    out: dict[int, list[list[float]]] = {}
+    for (rank,), part in frame.sort("rank", "step").group_by("rank", maintain_order=True):
+        steps, values = downsample(part["step"].cast(pl.Float64).to_numpy(), part[value].cast(pl.Float64).to_numpy(),
+                                   SERIES_POINTS)
+        out[int(rank)] = np.column_stack([steps, values]).tolist()
+    return out
 
 
 def _unchecked(ev: Evidence) -> list[str]:

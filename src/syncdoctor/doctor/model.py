@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
+from syncdoctor.rulebook import Severity
+
 Verdict = Literal["healthy", "sync_problem", "not_sync_problem", "inconclusive"]
-Severity = Literal["error", "warning", "info"]
 DIAGNOSIS_SCHEMA = "syncdoctor.diagnosis/1"
 
 # Stable JSON values of Finding.category.

@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from syncdoctor.cli import InputError, at_least, did_you_mean
+from syncdoctor.cli import at_least, did_you_mean
+from syncdoctor.errors import InputError
 from syncdoctor.lab.faults import FAULTS
 from syncdoctor.lab.runner import LAB_CHECK_EVERY, MS_STYLES
 

@@ -51,8 +51,8 @@ def _codes(text: str | None) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from syncdoctor.cli import InputError
-    from syncdoctor.preflight.engine import PreflightInputError, collect, evaluate
+    from syncdoctor.errors import InputError
+    from syncdoctor.preflight.engine import collect, evaluate
     from syncdoctor.preflight.manifest import write_manifest
     from syncdoctor.preflight.registry import all_checks, get_check
 
@@ -82,12 +82,9 @@ def run(args: argparse.Namespace) -> int:
     # never the current folder's other files.
     if (args.compare or args.rank_table) and not args.paths:
         paths = []
-    try:
-        inputs = collect(paths, args.rank_table, args.compare or (),
-                         None if args.no_environ else os.environ)
-        findings = evaluate(inputs, _codes(args.select) or None, _codes(args.ignore))
-    except PreflightInputError as exc:
-        raise InputError(str(exc)) from None
+    # A PreflightInputError is an InputError: one line, exit code 2.
+    inputs = collect(paths, args.rank_table, args.compare or (), None if args.no_environ else os.environ)
+    findings = evaluate(inputs, _codes(args.select) or None, _codes(args.ignore))
     _print(findings, args.json)
     if not findings and not args.json:
         print(_clean_line(inputs, paths))

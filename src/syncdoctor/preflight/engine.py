@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from syncdoctor.errors import InputError
+from syncdoctor.preflight.contexts import RankTableContext, Unparsable
 from syncdoctor.preflight.environment import (
     EnvGroup,
     EnvInputError,
@@ -18,6 +20,7 @@ from syncdoctor.preflight.environment import (
     is_record_file,
 )
 from syncdoctor.preflight.manifest import (
+    SKIP_DIRS,
     Manifest,
     ManifestError,
     load_manifest,
@@ -25,7 +28,6 @@ from syncdoctor.preflight.manifest import (
 )
 from syncdoctor.preflight.model import Check, Hit, PreflightFinding, Target
 from syncdoctor.preflight.rank_table import (
-    RankTable,
     RankTableError,
     load_rank_table,
     looks_like_rank_table,
@@ -33,33 +35,11 @@ from syncdoctor.preflight.rank_table import (
 from syncdoctor.preflight.registry import all_checks
 from syncdoctor.preflight.script import ScriptContext
 
-SKIP_DIRS = frozenset({
-    ".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", "site-packages",
-    "node_modules", ".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", "build",
-    "dist", ".eggs",
-})
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:\s*,\s*[A-Z]+[0-9]+)*))?", re.I)
 
 
-class PreflightInputError(ValueError):
+class PreflightInputError(InputError, ValueError):
     """A path that does not exist or an input that must be refused: exit code 2."""
-
-
-@dataclass
-class Unparsable:
-    """A script, rank table or manifest that could not be read; PF100/PF300 report it."""
-
-    path: str
-    message: str
-    line: int = 1
-    col: int = 1
-
-
-@dataclass
-class RankTableContext:
-    table: RankTable
-    env_groups: list[EnvGroup] = field(default_factory=list)
-    environ: Mapping[str, str] | None = None  # the launching shell's environment, if given
 
 
 @dataclass
@@ -200,7 +180,7 @@ def evaluate(inputs: Inputs, select: Sequence[str] | None = None,
             default_path = _context_path(ctx)
             for hit in check.evaluate(ctx):
                 findings.append(_finding(check_cls, hit, default_path))
-        if getattr(check_cls, "reports_unreadable", False):
+        if check_cls.reports_unreadable:
             for bad in inputs.unreadable.get(check_cls.target, []):
                 hit = Hit(bad.message, bad.line, bad.col, bad.path)
                 findings.append(_finding(check_cls, hit, bad.path))

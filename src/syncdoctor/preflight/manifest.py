@@ -24,6 +24,13 @@ SOURCE_SUFFIXES = frozenset({
 })
 MAX_FILE_BYTES = 8 << 20
 
+# Folders never walked, by the manifest nor by preflight: tool caches, environments, VCS.
+SKIP_DIRS = frozenset({
+    ".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", "site-packages",
+    "node_modules", ".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", "build",
+    "dist", ".eggs",
+})
+
 
 class ManifestError(ValueError):
     pass
@@ -49,8 +56,6 @@ def sha256_file(path: Path) -> str:
 
 def hash_tree(roots: Sequence[str | Path]) -> dict[str, str]:
     """{relative path: sha256} of the source files under `roots` (files or folders)."""
-    from syncdoctor.preflight.engine import SKIP_DIRS
-
     out: dict[str, str] = {}
     for raw in roots:
         root = Path(raw)

@@ -8,10 +8,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Literal
 
-Severity = Literal["error", "warning", "info"]
+from syncdoctor.rulebook import Entry, Severity
+
 Target = Literal["script", "rank_table", "env", "manifest"]
-SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
-TARGETS: tuple[Target, ...] = ("script", "rank_table", "env", "manifest")
 # C0/C1 controls, DEL and the bidirectional overrides, written as Python escapes.
 _ESCAPES = {c: ascii(chr(c))[1:-1]
             for c in (*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
@@ -50,15 +49,21 @@ class Hit:
         return cls(message, getattr(node, "lineno", 1), getattr(node, "col_offset", 0) + 1)
 
 
-class Check:
+class Check(Entry):
     """One preflight check. Subclasses set the metadata, document themselves with
     **Symptom:**, **Cause:** and **Fix:** sections (that text is the documentation
     `syncdoctor rules` and `--explain` print) and implement `evaluate`."""
 
-    code: ClassVar[str]
-    name: ClassVar[str]
-    severity: ClassVar[Severity]
     target: ClassVar[Target]
+    # The runner reports the inputs of `target` that could not be parsed as this
+    # check's findings (PF100, PF300).
+    reports_unreadable: ClassVar[bool] = False
+
+    @classmethod
+    def docs(cls) -> dict[str, Any]:
+        sections = super().docs()
+        return {"code": cls.code, "name": cls.name, "category": cls.target, "severity": cls.severity,
+                "title": sections["summary"], **sections}
 
     def evaluate(self, ctx: Any) -> Iterable[Hit]:
         """Yield one Hit per problem found in `ctx` (the context type of `target`)."""

@@ -3,30 +3,16 @@
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from functools import cache
 
-from syncdoctor.preflight import checks as _checks_pkg
+from syncdoctor.preflight import checks as checks_package
 from syncdoctor.preflight.model import Check
+from syncdoctor.rulebook import discover
 
 
 @cache
 def _discover() -> tuple[type[Check], ...]:
-    found: dict[str, type[Check]] = {}
-    for info in pkgutil.iter_modules(_checks_pkg.__path__):
-        module = importlib.import_module(f"{_checks_pkg.__name__}.{info.name}")
-        for obj in vars(module).values():
-            if (
-                isinstance(obj, type)
-                and issubclass(obj, Check)
-                and obj is not Check
-                and obj.__module__ == module.__name__
-            ):
-                if obj.code in found:
-                    raise RuntimeError(f"preflight check code {obj.code} defined twice")
-                found[obj.code] = obj
-    return tuple(found[code] for code in sorted(found))
+    return tuple(discover(checks_package, Check))
 
 
 def all_checks() -> list[type[Check]]:

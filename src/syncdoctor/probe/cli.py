@@ -92,7 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def prepare(out: Path, check_every: int | None, on_mismatch: str | None,
             env: dict[str, str] | None = None) -> dict[str, str]:
     """Create the run folder and the environment that attaches the probe."""
-    from syncdoctor.cli import InputError
+    from syncdoctor.errors import InputError
 
     if (out / "records").is_dir() and any((out / "records").glob("rank*.jsonl")):
         raise InputError(f"{out} already holds a run's records; choose another --out or remove it")
@@ -204,7 +204,7 @@ def attach_report(out: Path) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from syncdoctor.cli import InputError
+    from syncdoctor.errors import InputError
 
     command = list(args.command)
     if command and command[0] == "--":

@@ -21,6 +21,7 @@ from syncdoctor.doctor.ingest.files import SNIFF_BYTES, LogFile, discover, looks
 from syncdoctor.doctor.ingest.losses import LossParser, LossPoint, global_steps, split_records
 from syncdoctor.doctor.ingest.scan import MAX_LINE_BYTES, Chunk, TolerantStream, iter_chunks
 from syncdoctor.doctor.model import Event
+from syncdoctor.errors import InputError
 
 # Python regexes look at no more than this much of one line (or of one "\r"
 # segment of a progress-bar line): bounded work per line whatever the input.
@@ -458,10 +459,8 @@ def ingest_logs(paths: Sequence[str | os.PathLike[str]]) -> LogData:
     """Read logs (files or folders, walked recursively) into loss series and events.
 
     Never raises on bad content: unreadable parts become ``warnings``. Raises
-    ``syncdoctor.cli.InputError`` only when nothing at all could be read.
+    ``syncdoctor.errors.InputError`` only when nothing at all could be read.
     """
-    from syncdoctor.cli import InputError  # the CLI module imports the doctor lazily
-
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if not paths:

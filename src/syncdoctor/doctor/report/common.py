@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,24 +88,6 @@ def fmt_num(x: float | int | None, digits: int = 4) -> str:
     if math.isinf(xf):
         return "inf" if xf > 0 else "-inf"
     return f"{xf:.{digits}g}"
-
-
-def fmt_ranks(ranks: Iterable[int], limit: int = 12) -> str:
-    """'0, 1, 5-9' style, shortened after ``limit`` groups."""
-    rs = sorted(set(int(r) for r in ranks))
-    if not rs:
-        return "—"
-    groups: list[str] = []
-    start = prev = rs[0]
-    for r in [*rs[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        groups.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    more = f" (+{len(groups) - limit} more)" if len(groups) > limit else ""
-    return ", ".join(groups[:limit]) + more
 
 
 def bracket_text(diag: Diagnosis) -> str:

@@ -31,19 +31,19 @@ from syncdoctor.doctor.model import (
     LossShape,
 )
 from syncdoctor.doctor.report import charts as ch
-from syncdoctor.doctor.report.charts import downsample
 from syncdoctor.doctor.report.common import (
     VERDICT_TEXT,
     bracket_text,
     clean,
     fmt_num,
-    fmt_ranks,
     shape_line,
     shapes_by_rank,
     summarize_events,
 )
+from syncdoctor.doctor.series import downsample
+from syncdoctor.rulebook import fmt_ranks
 
-__all__ = ["downsample", "render_fragment", "render_html"]
+__all__ = ["render_fragment", "render_html"]
 
 _MAX_EVENT_MARKERS = 2000
 _MAX_EVENT_ROWS = 200
@@ -430,7 +430,7 @@ def _span_table(spans: list[AgreementSpan], binned: str) -> str:
     for s in shown:
         steps = f"{s.first_step}" if s.first_step == s.last_step else f"{s.first_step}–{s.last_step}"
         if s.parted:
-            who = f"rank{'s' if len(s.parted) > 1 else ''} {fmt_ranks(s.parted)}"
+            who = fmt_ranks(s.parted)
             if s.no_majority:
                 outcome = (f'<span class="st bad">{_e(who)} disagree</span>: no majority of the {s.ranks} '
                            "says which side is right")
@@ -440,7 +440,7 @@ def _span_table(spans: list[AgreementSpan], binned: str) -> str:
         else:
             outcome = f'<span class="st ok">all {s.ranks} agreed</span>'
         if s.missing:
-            who = f"rank{'s' if len(s.missing) > 1 else ''} {fmt_ranks(s.missing)}"
+            who = fmt_ranks(s.missing)
             outcome += f'; <span class="st warn">{_e(who)} did not report</span>'
         rows.append([_e(steps), _e(s.checks), outcome, _e(", ".join(s.what), limit=200),
                      f"<code>{_e(s.tensor, limit=200)}</code>" if s.tensor else ""])

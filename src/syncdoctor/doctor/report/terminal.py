@@ -21,11 +21,11 @@ from syncdoctor.doctor.report.common import (
     bracket_text,
     clean,
     fmt_num,
-    fmt_ranks,
     shape_line,
     shapes_by_rank,
     summarize_events,
 )
+from syncdoctor.rulebook import fmt_ranks
 
 _MAX_RANK_ROWS = 32  # beyond this, show only ranks that need attention
 _MAX_EVENTS = 8
@@ -95,7 +95,7 @@ def _finding_meta(f: Finding) -> Text:
     if f.step is not None:
         meta.append(f"  step {f.step}")
     if f.ranks:
-        meta.append(f"  ranks {fmt_ranks(f.ranks)}")
+        meta.append(f"  {fmt_ranks(f.ranks)}")
     if f.tensor:
         meta.append("  tensor " + clean(f.tensor, oneline=True, limit=120), style="italic")
     return meta

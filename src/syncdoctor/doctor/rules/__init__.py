@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import sys
 from functools import cache
 
 from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.rulebook import discover
 
 
 @cache
 def all_rules() -> list[type[Rule]]:
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("sd"):
-            importlib.import_module(f"{__name__}.{info.name}")
-    rules = [r for r in _subclasses(Rule) if getattr(r, "code", None)]
-    return sorted(rules, key=lambda r: r.code)
-
-
-def _subclasses(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
-        out.append(sub)
-        out.extend(_subclasses(sub))
-    return out
+    return discover(sys.modules[__name__], Rule)
 
 
 __all__ = ["Rule", "all_rules"]

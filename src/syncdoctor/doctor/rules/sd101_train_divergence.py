@@ -22,14 +22,15 @@ class TrainDivergence(Rule):
 
     **Quick check:** run the same recipe on one card with a fixed seed; it should diverge too.
 
-    **Fix:** lower the learning rate or add warm-up/clipping; check labels and model.
+    **Fix:** treat it as a training problem, not a synchronisation one: lower the
+    learning rate or add warm-up and gradient clipping, check the labels and the model,
+    and reproduce on one card.
     """
 
     code = "SD101"
     name = "train-divergence"
     category = "train.divergence"
     title = "Loss diverges on every rank in lockstep: not a sync problem"
-    fix = "Treat it as a training problem: lower the learning rate (or add warm-up and gradient clipping), check labels and the model; reproduce on one card."
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:

@@ -18,10 +18,10 @@ class LrNotScaled(Rule):
 
     **Quick check:** compare lr / global batch with the single-card recipe.
 
-    **Fix:** scale the learning rate with the global batch (linear rule, or square
-    root for adaptive optimizers), usually with a warm-up.
-
-    Needs the single-card recipe: `syncdoctor.attach(..., baseline={"lr": ..., "batch_size": ...})`.
+    **Fix:** scale the learning rate with the global batch: lr = base_lr × global_batch
+    / base_batch (the linear rule; the square root of that factor for Adam-like
+    optimizers), usually with a warm-up. The rule needs the single-card recipe:
+    `syncdoctor.attach(..., baseline={"lr": ..., "batch_size": ...})`.
     """
 
     code = "SD102"
@@ -29,7 +29,6 @@ class LrNotScaled(Rule):
     category = "hparam.lr_scaling"
     severity = "warning"
     title = "Learning rate not scaled to the global batch"
-    fix = "Scale the learning rate with the global batch: lr = base_lr × global_batch / base_batch (or √ of that for Adam-like optimizers), with warm-up."
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         for rank, snap in sorted(ev.snapshots.items()):

@@ -4,7 +4,8 @@ from collections import defaultdict
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.rulebook import fmt_ranks
 
 # (variable, whether it is only unique per host)
 _IDENTITY_VARS = (("RANK", False), ("RANK_ID", False), ("LOCAL_RANK", True))
@@ -21,15 +22,16 @@ class DuplicateRankIdentity(Rule):
 
     **Quick check:** print RANK/RANK_ID/DEVICE_ID and the sampler's rank on every process at start.
 
-    **Fix:** derive every rank id from the launcher (torchrun's RANK, msrun's RANK_ID)
-    and pass `rank=dist.get_rank()` / `shard_id=get_rank()` to the sampler.
+    **Fix:** take every rank id from the launcher only (torchrun's RANK, msrun's
+    RANK_ID), never from a copied config, and pass it to the sampler:
+    `DistributedSampler(rank=dist.get_rank())` / `dataset.shard(num_shards=world_size,
+    shard_id=get_rank())`.
     """
 
     code = "SD201"
     name = "duplicate-rank-identity"
     category = "config.rank_identity"
     title = "Two processes took the same rank id"
-    fix = "Take rank ids from the launcher only (RANK / RANK_ID), never from copied config; shard with num_shards=world_size, shard_id=get_rank()."
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:

@@ -5,7 +5,8 @@ from collections import defaultdict
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.ingest.meaning import duplicate_device
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.rulebook import fmt_ranks
 
 _DEVICE_WORDS = ("already in use", "is busy", "device busy", "invalid device", "no cuda gpus",
                  "device_id", "device id", "duplicate gpu",
@@ -26,15 +27,15 @@ class DeviceCollision(Rule):
 
     **Quick check:** `npu-smi info` / `nvidia-smi` during start-up; print DEVICE_ID per process.
 
-    **Fix:** set the device from the local rank: `torch.cuda.set_device(local_rank)`,
-    `ms.set_context(device_id=int(os.environ["DEVICE_ID"]))` with unique DEVICE_IDs per host.
+    **Fix:** derive the device from the local rank: `torch.cuda.set_device(local_rank)`,
+    `ms.set_context(device_id=int(os.environ["DEVICE_ID"]))` with DEVICE_IDs unique per
+    host; check the rank table's device_id entries.
     """
 
     code = "SD202"
     name = "device-collision"
     category = "env.device"
     title = "Two ranks use the same device"
-    fix = "Derive the device from the local rank (LOCAL_RANK / DEVICE_ID unique per host); check the rank table's device_id entries."
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:

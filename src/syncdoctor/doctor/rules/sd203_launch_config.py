@@ -45,16 +45,15 @@ class LaunchConfiguration(Rule):
     MASTER_ADDR/PORT and the rank table with the machines actually used
     (`syncdoctor preflight` checks rank tables).
 
-    **Fix:** launch with msrun/mpirun/torchrun as documented, make worker counts
-    match, regenerate the rank table from the hosts (`hccn_tool` device IPs), free
-    or change the port.
+    **Fix:** launch with msrun/mpirun/torchrun as documented, make the worker counts
+    match, regenerate the rank table from the real hosts (device IPs from `hccn_tool`),
+    and free or change the port.
     """
 
     code = "SD203"
     name = "launch-configuration"
     category = "config.launch"
     title = "The job's launch configuration is wrong"
-    fix = "Launch with the documented launcher, make the worker count match, regenerate the rank table from the real hosts, and free or change the port."
     sources = ("logs",)
 
     def evaluate(self, ev: Evidence) -> Finding | None:

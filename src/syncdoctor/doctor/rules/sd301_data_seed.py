@@ -19,15 +19,15 @@ class UnseededShuffle(Rule):
     **Quick check:** log the first sample ids of each rank's first batch; under a
     common seed the ranks' shards are disjoint.
 
-    **Fix:** seed the shuffle identically on every rank (`ds.config.set_seed(s)`,
-    `DistributedSampler(seed=s)` plus `set_epoch`), then shard.
+    **Fix:** seed the shuffle that precedes sharding identically on every rank
+    (`ms.set_seed(s)` and `ds.config.set_seed(s)`, or `DistributedSampler(seed=s)` plus
+    `set_epoch(epoch)`), then shard.
     """
 
     code = "SD301"
     name = "unseeded-shuffle"
     category = "data.seed"
     title = "Shards overlap: ranks shuffle with different seeds"
-    fix = "Use one seed on every rank for the shuffle that precedes sharding (ms.set_seed + ds.config.set_seed, or DistributedSampler(seed=...) with set_epoch)."
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         overlap = ev.sample_overlap

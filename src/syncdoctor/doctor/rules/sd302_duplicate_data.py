@@ -16,15 +16,15 @@ class UnshardedData(Rule):
 
     **Quick check:** compare the first batch's sample ids on two ranks.
 
-    **Fix:** shard: `DistributedSampler(dataset, num_replicas=world_size, rank=rank)`
-    or `dataset.shard(num_shards=world_size, shard_id=rank)` after the shuffle.
+    **Fix:** shard the data across ranks after a common shuffle:
+    `DistributedSampler(dataset, num_replicas=world_size, rank=rank)` or
+    `dataset.shard(num_shards=world_size, shard_id=rank)`.
     """
 
     code = "SD302"
     name = "unsharded-data"
     category = "data.sharding"
     title = "Data not sharded: every rank reads the same batches"
-    fix = "Shard the data across ranks (DistributedSampler / dataset.shard(num_shards=world_size, shard_id=rank)) after a common shuffle."
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:

@@ -18,8 +18,8 @@ class ShuffleAfterShard(Rule):
     **Quick check:** compare the set of sample ids a rank reads in epoch 1 and epoch 2.
 
     **Fix:** shuffle globally with a common seed first, then shard:
-    `dataset.shuffle(buffer_size, seed).shard(num_shards, shard_id)`;
-    `DistributedSampler(shuffle=True, seed=s)` with `set_epoch(epoch)`.
+    `dataset.shuffle(buffer_size, seed).shard(num_shards, shard_id)`; with
+    `DistributedSampler(shuffle=True, seed=s)` call `set_epoch(epoch)` every epoch.
     """
 
     code = "SD303"
@@ -27,7 +27,6 @@ class ShuffleAfterShard(Rule):
     category = "data.sharding"
     severity = "warning"
     title = "Shuffle after shard: every rank reads a fixed slice of the data"
-    fix = "Shuffle with a common seed before sharding (dataset.shuffle(...).shard(...)); with DistributedSampler call set_epoch every epoch."
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         overlap = ev.sample_overlap

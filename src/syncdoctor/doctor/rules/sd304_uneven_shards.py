@@ -4,8 +4,9 @@ import polars as pl
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.records.compare import agreement, describe_split
+from syncdoctor.rulebook import fmt_ranks
 
 
 class UnevenShards(Rule):
@@ -20,15 +21,15 @@ class UnevenShards(Rule):
 
     **Quick check:** print `dataset.get_dataset_size()` / `len(loader)` on every rank.
 
-    **Fix:** `drop_remainder=True` (MindSpore) / `drop_last=True` (DistributedSampler
-    and DataLoader), or pad shards to equal size.
+    **Fix:** make every rank run the same number of steps: `drop_remainder=True`
+    (MindSpore) / `drop_last=True` (DistributedSampler and DataLoader), or pad the
+    shards to equal length.
     """
 
     code = "SD304"
     name = "uneven-shards"
     category = "data.sharding"
     title = "Uneven shards: ranks run different step counts"
-    fix = "Make every rank run the same number of steps: drop_remainder=True / drop_last=True, or pad the shards to equal length."
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from syncdoctor.doctor.evidence import Divergence, Evidence
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.rulebook import fmt_ranks
 
 
 class IncompleteReduce(Rule):
@@ -19,16 +20,16 @@ class IncompleteReduce(Rule):
     **Quick check:** fingerprint the gradients right after the all-reduce on every rank;
     they must be bitwise equal.
 
-    **Fix:** fail fast instead of continuing after a communication error (NCCL/HCCL
-    async error handling, a finite timeout), restart from the last checkpoint, and
-    fix the link (network, driver/firmware).
+    **Fix:** make communication errors fatal instead of training on past them (NCCL/HCCL
+    async error handling such as TORCH_NCCL_ASYNC_ERROR_HANDLING=1, a finite
+    HCCL_EXEC_TIMEOUT), restart from the last checkpoint, and fix the failing link
+    (network, driver/firmware).
     """
 
     code = "SD401"
     name = "incomplete-reduce"
     category = "sync.incomplete_reduce"
     title = "Gradient all-reduce incomplete: ranks apply different gradients"
-    fix = "Make communication errors fatal (e.g. TORCH_NCCL_ASYNC_ERROR_HANDLING=1, HCCL_EXEC_TIMEOUT), restart from the last checkpoint, and fix the failing link."
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         div = ev.divergence

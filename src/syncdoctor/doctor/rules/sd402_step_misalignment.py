@@ -4,8 +4,9 @@ import polars as pl
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.records.compare import agreement, describe_split
+from syncdoctor.rulebook import fmt_ranks
 
 
 class StepMisalignment(Rule):
@@ -22,16 +23,15 @@ class StepMisalignment(Rule):
 
     **Quick check:** log micro-steps per update and optimizer-step counts per rank.
 
-    **Fix:** make every rank run the same number of micro-steps and updates
-    (equal shard sizes with drop_remainder, one accumulation counter derived from
-    the global step, no rank-dependent step/skip logic).
+    **Fix:** give every rank the same number of micro-steps and optimizer steps: derive
+    the accumulation counter from the global step, use equal shards (drop_remainder),
+    and keep `optimizer.step()` and any skip logic free of rank-dependent conditions.
     """
 
     code = "SD402"
     name = "step-misalignment"
     category = "sync.step_misalignment"
     title = "Step counters differ across ranks"
-    fix = "Give every rank the same number of micro-steps and optimizer steps: derive accumulation from the global step, equal shards with drop_remainder, no rank-dependent optimizer.step()."
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         div = ev.divergence

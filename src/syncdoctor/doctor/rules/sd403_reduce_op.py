@@ -17,15 +17,15 @@ class SummedGradients(Rule):
     **Quick check:** compare the gradient norm after the reduction with the
     ranks' local norms: an average can never be larger than their mean.
 
-    **Fix:** `set_auto_parallel_context(gradients_mean=True)`; divide by the world
-    size after `all_reduce(SUM)`; use DDP's default hook.
+    **Fix:** average the gradients: `set_auto_parallel_context(gradients_mean=True)`
+    (MindSpore); divide by the world size after `all_reduce(SUM)` in custom loops and
+    comm hooks, or keep DDP's default hook.
     """
 
     code = "SD403"
     name = "summed-gradients"
     category = "sync.reduce_op"
     title = "Gradients summed across ranks, not averaged"
-    fix = "Average the gradients: gradients_mean=True (MindSpore), or divide by world_size after all_reduce(SUM) in custom loops and comm hooks."
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         means = ev.snapshot_values("ddp", "gradients_mean")

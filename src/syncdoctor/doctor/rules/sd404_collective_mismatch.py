@@ -3,7 +3,8 @@ from __future__ import annotations
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.ingest.meaning import mismatch_ranks, no_grad_rank, stalled_ranks
 from syncdoctor.doctor.model import Event, Finding
-from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.rulebook import fmt_ranks
 
 # What the libraries say when ranks did not issue the same collectives.
 _CONTROL_FLOW = ("mismatch between collectives", "mismatched collective", "expected to have finished reduction",
@@ -34,15 +35,15 @@ class CollectiveMismatch(Rule):
     **Quick check:** TORCH_DISTRIBUTED_DEBUG=DETAIL (slow; segfaults in DDP's constructor on some CPU builds) names the ranks and ops;
     Horovod's stall report names the missing ranks.
 
-    **Fix:** make every rank execute the same collectives in the same order;
-    `find_unused_parameters=True` for conditional branches in the model.
+    **Fix:** make every rank execute the same collectives in the same order: remove
+    rank- or data-dependent branches around collectives and `optimizer.step()`; for
+    conditional branches inside the model use `find_unused_parameters=True`.
     """
 
     code = "SD404"
     name = "collective-mismatch"
     category = "sync.control_flow"
     title = "Ranks issued different collectives"
-    fix = "Remove rank- or data-dependent branches around collectives and optimizer.step(); for conditional model branches use find_unused_parameters=True."
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:

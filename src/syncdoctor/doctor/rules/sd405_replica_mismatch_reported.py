@@ -22,15 +22,16 @@ class ReplicaMismatchReported(Rule):
     **Quick check:** rerun with `syncdoctor run -- <launcher>` to get the first
     differing step, ranks and tensor.
 
-    **Fix:** follow the more specific finding; without records, check in order:
-    seeds and sharding, rank ids, loss/optimizer settings per rank, communication logs.
+    **Fix:** find where the replicas part: run under the probe (`syncdoctor run --
+    <launcher>`) to get the first differing step, ranks and tensor, and follow that
+    finding. Without records, check in order: seeds and sharding, rank ids,
+    loss/optimizer settings per rank, communication logs.
     """
 
     code = "SD405"
     name = "replica-mismatch-reported"
     category = "sync.incomplete_reduce"
     title = "Logs report replicas out of sync"
-    fix = "Find where replicas part: run under the probe (syncdoctor run) to get the first differing step, ranks and tensor, then follow that finding."
     sources = ("logs",)
 
     def evaluate(self, ev: Evidence) -> Finding | None:

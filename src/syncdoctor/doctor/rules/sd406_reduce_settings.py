@@ -22,14 +22,14 @@ class ReduceSettingsMismatch(Rule):
     **Quick check:** print the wrapper's settings (`mp_policy`, `gradients_mean`,
     `bucket_cap_mb`) on every rank before the first step.
 
-    **Fix:** build the parallel wrapper from one configuration on every rank.
+    **Fix:** build the data-parallel wrapper (FSDP2 mixed-precision policy,
+    gradients_mean, DDP bucket settings) from one configuration on every rank.
     """
 
     code = "SD406"
     name = "reduce-settings-mismatch"
     category = "sync.reduce_op"
     title = "Gradient reduction configured differently across ranks"
-    fix = "Build the data-parallel wrapper (FSDP2 mixed-precision policy, gradients_mean, DDP bucket settings) from one configuration on every rank."
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         settings = ev.differing("ddp")

@@ -3,7 +3,8 @@ from __future__ import annotations
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.ingest.meaning import first_process_failure, one_sided_work_before
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.rulebook import fmt_ranks
 
 
 class OneSidedWorkBeforeTimeout(Rule):
@@ -23,16 +24,15 @@ class OneSidedWorkBeforeTimeout(Rule):
     **Quick check:** compare which ranks report the timeout with the rank that
     printed the work line; time the work (it exceeds the process-group timeout).
 
-    **Fix:** do that work on every rank or outside the collective path (save with
-    the distributed checkpoint API, evaluate on all ranks with a sharded sampler),
-    put a barrier after it, or raise the timeout only around it.
+    **Fix:** do that work on every rank or outside the collective path (save with the
+    distributed checkpoint API, evaluate on all ranks with a sharded sampler), put a
+    barrier after it, or raise the timeout only around it.
     """
 
     code = "SD407"
     name = "one-sided-work-before-timeout"
     category = "sync.control_flow"
     title = "A collective timed out while one rank was busy with its own work"
-    fix = "Run saving/evaluation/preprocessing on every rank or outside the collective path (barrier after it, or a longer timeout only around it)."
     sources = ("logs",)
 
     def evaluate(self, ev: Evidence) -> Finding | None:

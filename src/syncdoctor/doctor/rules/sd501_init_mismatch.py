@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.records.compare import describe_split
+from syncdoctor.rulebook import fmt_ranks
 
 
 class InitMismatch(Rule):
@@ -19,16 +20,15 @@ class InitMismatch(Rule):
 
     **Quick check:** print a checksum of the first layer's weights on every rank before step 1.
 
-    **Fix:** seed every rank identically before creating the model
-    (`ms.set_seed(s)` and `ds.config.set_seed(s)`; `torch.manual_seed(s)`), or
-    broadcast rank 0's parameters at start.
+    **Fix:** seed every rank identically before creating the model (`ms.set_seed(s)` and
+    `ds.config.set_seed(s)`; `torch.manual_seed(s)`), or broadcast rank 0's parameters
+    at start.
     """
 
     code = "SD501"
     name = "init-mismatch"
     category = "model.init_mismatch"
     title = "Replicas started from different weights"
-    fix = "Seed every rank identically before building the model (ms.set_seed(s) and ds.config.set_seed(s); torch.manual_seed(s)) or broadcast rank 0's parameters at start."
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         evidence = []

@@ -20,15 +20,14 @@ class ModeMismatch(Rule):
 
     **Quick check:** log `model.training` (and BN/dropout modules' modes) on every rank each epoch.
 
-    **Fix:** call `model.train()` / `net.set_train(True)` on every rank before
-    training and after every evaluation.
+    **Fix:** call `model.train()` / `net.set_train(True)` on every rank before training
+    and after every evaluation.
     """
 
     code = "SD502"
     name = "mode-mismatch"
     category = "model.mode_mismatch"
     title = "Train/eval mode differs across ranks"
-    fix = "Call model.train() / net.set_train(True) on every rank before training and after each evaluation."
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         div = ev.divergence

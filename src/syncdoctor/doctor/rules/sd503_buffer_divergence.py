@@ -16,15 +16,14 @@ class BufferDivergence(Rule):
 
     **Quick check:** compare `bn.running_mean` across ranks at the start of a forward pass.
 
-    **Fix:** keep DDP's `broadcast_buffers=True`, use SyncBatchNorm, or all-reduce
-    the BN statistics before evaluation and checkpointing.
+    **Fix:** keep DDP's `broadcast_buffers=True`, convert to SyncBatchNorm, or
+    all-reduce the BN statistics before evaluating and checkpointing.
     """
 
     code = "SD503"
     name = "buffer-divergence"
     category = "model.buffer_divergence"
     title = "BatchNorm buffers diverge across ranks"
-    fix = "Keep broadcast_buffers=True (DDP), convert to SyncBatchNorm, or average BN statistics across ranks before evaluating or saving."
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         div = ev.divergence

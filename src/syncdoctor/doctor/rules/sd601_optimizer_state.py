@@ -21,15 +21,15 @@ class OptimizerStateMismatch(Rule):
 
     **Quick check:** compare `optimizer.state_dict()` hashes across ranks after a step.
 
-    **Fix:** build the optimizer from the same config on every rank and load its
-    state on every rank (or broadcast it) after resuming.
+    **Fix:** build the optimizer from the same config on every rank, never change a
+    hyperparameter on one rank, and load its state on every rank (or broadcast it) after
+    resuming.
     """
 
     code = "SD601"
     name = "optimizer-state-mismatch"
     category = "optim.state_mismatch"
     title = "Optimizer state or hyperparameters differ across ranks"
-    fix = "Build the optimizer identically on every rank and load or broadcast its state on all ranks when resuming; never change hyperparameters on one rank."
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         evidence = []

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.records.compare import describe_split, majority_outliers
+from syncdoctor.rulebook import fmt_ranks
 
 # In some window of consecutive steps: |t| of the mean offset, the share of steps on
 # the same side, and the size, that ranks reading different data do not reach by chance.
@@ -24,14 +25,14 @@ class LossDefinitionMismatch(Rule):
 
     **Quick check:** print the loss module's hyperparameters and the code version on every rank.
 
-    **Fix:** deploy one code package to every node and build the loss from one config.
+    **Fix:** deploy one code package to every node and build the loss from one config on
+    every rank (compare the loss hyperparameters and code hashes across ranks).
     """
 
     code = "SD701"
     name = "loss-definition-mismatch"
     category = "loss.definition_mismatch"
     title = "Loss function differs across ranks"
-    fix = "Deploy the same code to every node and build the loss from the same config on every rank (compare loss hyperparameters and code hashes across ranks)."
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:

@@ -7,7 +7,8 @@ import polars as pl
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.rulebook import fmt_ranks
 
 RATIO = 10.0  # local gradient norms of healthy ranks stay within a small factor of each other
 
@@ -26,14 +27,13 @@ class GradNormOutlier(Rule):
     all-reduce, and the first batch's statistics on that rank.
 
     **Fix:** check that rank's data pipeline (augmentation, normalisation, shard
-    contents) and its loss settings and code version against the others.
+    contents), its loss settings and its code version against the others'.
     """
 
     code = "SD702"
     name = "grad-norm-outlier"
     category = "loss.definition_mismatch"
     title = "One rank's gradient norm is orders of magnitude off"
-    fix = "Compare that rank's data pipeline (augmentation, normalisation, shard) and loss settings and code version with the others'."
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         if not ev.has_records or "grad_norm_local" not in ev.steps.columns:

@@ -18,14 +18,14 @@ class CodeVersionMismatch(Rule):
 
     **Quick check:** `syncdoctor preflight --manifest` on every node, then `--compare`.
 
-    **Fix:** deploy one immutable code package / container image to every node.
+    **Fix:** deploy one immutable code package / container image to every node;
+    `syncdoctor preflight --manifest` on each node and `--compare` show what differs.
     """
 
     code = "SD801"
     name = "code-version-mismatch"
     category = "code.version_mismatch"
     title = "Code or library versions differ across ranks"
-    fix = "Deploy the same code package and environment to every node (compare with `syncdoctor preflight --manifest` / `--compare`)."
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         evidence = []

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.rulebook import fmt_ranks
 
 
 class OverflowDisagreement(Rule):
@@ -17,16 +18,15 @@ class OverflowDisagreement(Rule):
 
     **Quick check:** log the overflow flag and loss scale on every rank each step.
 
-    **Fix:** decide overflow from the reduced gradients or all-reduce the found-inf
-    flag (GradScaler under DDP, `ms.amp.all_finite` + DynamicLossScaler on the
-    reduced grads); use a dynamic loss scaler with fp16.
+    **Fix:** decide overflow from the reduced gradients or all-reduce the found-inf flag
+    (GradScaler under DDP, `ms.amp.all_finite` + DynamicLossScaler on the reduced
+    grads); use a dynamic loss scaler with fp16.
     """
 
     code = "SD901"
     name = "overflow-disagreement"
     category = "numeric.overflow"
     title = "Ranks disagree on gradient overflow"
-    fix = "Take the overflow/skip decision on the reduced gradients or all-reduce the found-inf flag; use a dynamic loss scaler for fp16."
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         disagree = ev.overflow_disagreement

@@ -21,8 +21,8 @@ class Fp16WithoutLossScaling(Rule):
     and compare (the forum's step 5).
 
     **Fix:** use a dynamic loss scaler (`torch.amp.GradScaler`,
-    `DynamicLossScaleManager` / `ms.amp.DynamicLossScaler`), or keep the
-    reduction in fp32.
+    `DynamicLossScaleManager` / `ms.amp.DynamicLossScaler`), or keep the reduction in
+    fp32.
     """
 
     code = "SD902"
@@ -30,7 +30,6 @@ class Fp16WithoutLossScaling(Rule):
     category = "numeric.overflow"
     severity = "warning"
     title = "float16 gradients without loss scaling"
-    fix = "Add a dynamic loss scaler (torch.amp.GradScaler; DynamicLossScaleManager or ms.amp.DynamicLossScaler) or reduce gradients in fp32."
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         if not ev.has_records or ev.overflow_disagreement:

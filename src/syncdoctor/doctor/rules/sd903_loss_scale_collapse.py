@@ -32,15 +32,14 @@ class LossScaleCollapse(Rule):
     **Quick check:** print the loss scale and the gradient norm per step; try bf16
     or fp32 for a few hundred steps.
 
-    **Fix:** train in bf16 (or fp32) when the model was pre-trained in bf16; lower
-    the learning rate, add warm-up and gradient clipping.
+    **Fix:** train in bf16 (or fp32) when the model was pre-trained in bf16; otherwise
+    lower the learning rate, add warm-up and gradient clipping.
     """
 
     code = "SD903"
     name = "loss-scale-collapse"
     category = "numeric.overflow"
     title = "The fp16 loss scale collapsed: every step overflows"
-    fix = "Train in bf16 (or fp32) when the model was pre-trained in bf16; otherwise lower the learning rate, add warm-up and gradient clipping."
     sources = ("logs",)
 
     def evaluate(self, ev: Evidence) -> Finding | None:

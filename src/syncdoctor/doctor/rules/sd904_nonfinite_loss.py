@@ -4,7 +4,8 @@ import polars as pl
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.rulebook import fmt_ranks
 
 
 class NonfiniteLoss(Rule):
@@ -22,15 +23,14 @@ class NonfiniteLoss(Rule):
     named, and at the loss scale and overflow flags around it.
 
     **Fix:** use dynamic loss scaling (torch.amp.GradScaler / MindSpore's
-    DynamicLossScaler) or bf16, clip gradients, guard the loss against log(0)
-    and empty masks; skip the update when gradients are not finite.
+    DynamicLossScaler) or bf16, clip gradients, guard the loss against log(0) and empty
+    masks, and skip the update when gradients are not finite.
     """
 
     code = "SD904"
     name = "nonfinite-loss"
     category = "numeric.overflow"
     title = "Loss became NaN/inf"
-    fix = "Use dynamic loss scaling or bf16, clip gradients, guard the loss against log(0) and empty masks, and skip updates whose gradients are not finite."
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:

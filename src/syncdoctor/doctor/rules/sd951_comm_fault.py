@@ -3,7 +3,8 @@ from __future__ import annotations
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.ingest.meaning import first_process_failure
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.rulebook import fmt_ranks
 
 
 def _is_retry(raw: str) -> bool:
@@ -25,16 +26,16 @@ class CommunicationFault(Rule):
     **Quick check:** find the first rank whose log stops or errors; compare
     timestamps of the first timeout on every rank.
 
-    **Fix:** find the stalled rank (its last log line), move rank-0-only work out of
-    the collective path, raise the timeout only for known-long phases, check the
-    network/driver; restart from a checkpoint.
+    **Fix:** find the rank that stalled or lost its link (the first timeout, the last
+    log line) and fix it: move rank-0-only work (saving, evaluation) out of the
+    collective path, raise the timeout only for known-long phases, check storage,
+    network and driver; restart from the last checkpoint.
     """
 
     code = "SD951"
     name = "communication-fault"
     category = "comm.fault"
     title = "Collective communication failed or timed out"
-    fix = "Find the rank that stalled or lost its link (the first timeout/last log line), fix it (storage, rank-0-only work, network, driver), and restart from the last checkpoint."
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:

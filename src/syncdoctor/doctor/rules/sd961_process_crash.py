@@ -3,7 +3,8 @@ from __future__ import annotations
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.ingest.meaning import first_process_failure, peer_closed
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.rulebook import fmt_ranks
 
 _PEER_LOSS = ("connection closed", "connection reset", "broken pipe", "peer", "timed out", "timeout")
 
@@ -24,15 +25,15 @@ class ProcessCrash(Rule):
     **Quick check:** sort the ranks' last error lines by time; the earliest that is
     not a communication error is the cause.
 
-    **Fix:** fix the first failing rank's error (memory: smaller batch or
-    activation checkpointing; the traceback's exception otherwise).
+    **Fix:** fix the first failing rank's own error (out of memory: a smaller batch or
+    activation checkpointing; otherwise the exception in its traceback); the other
+    ranks' communication errors are its consequence.
     """
 
     code = "SD961"
     name = "process-crash"
     category = "process.crash"
     title = "A rank crashed and took the job down"
-    fix = "Fix the first failing rank's own error (for OOM: reduce batch size/activation memory); the other ranks' communication errors are its consequence."
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:

@@ -6,7 +6,8 @@ import polars as pl
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.rules.base import Rule, fmt_ranks
+from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.rulebook import fmt_ranks
 
 CORRUPTIBLE = {"param", "opt", "grad", "buffer"}  # what a flipped bit changes
 BUG_MARKS = {"counter": "step counters", "config": "optimizer/loss configuration", "mode": "train/eval modes",
@@ -77,9 +78,6 @@ class SilentCorruption(Rule):
     name = "silent-corruption"
     category = "hardware.corruption"
     title = "Silent data corruption: one replica changed while counters, configuration and data agree"
-    fix = ("Take the named host/device out of the pool (vendor diagnostics: dcgmi diag, ECC/XID counters, "
-           "npu-smi) and resume from a checkpoint before the step named; with 3+ ranks, --on-mismatch heal "
-           "restores a corrupted replica from the majority without a restart.")
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         div = ev.divergence

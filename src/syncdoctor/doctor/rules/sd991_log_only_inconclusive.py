@@ -19,8 +19,9 @@ class LogOnlyInconclusive(Rule):
 
     **Quick check:** print every rank's loss and gradient norm for the same steps.
 
-    **Fix:** record the run with `syncdoctor run -- <launcher ...>` (no code change)
-    and diagnose the run folder: the probe compares the replicas bitwise.
+    **Fix:** record the job with `syncdoctor run -- <your launcher command>` (no code
+    change) and run `syncdoctor diagnose` on the run folder: the probe compares the
+    replicas bitwise.
     """
 
     code = "SD991"
@@ -28,7 +29,6 @@ class LogOnlyInconclusive(Rule):
     category = "healthy"
     severity = "info"
     title = "Nothing wrong in this log, but one rank's log cannot show the replicas agree"
-    fix = "Record the job with `syncdoctor run -- <your launcher command>` and run `syncdoctor diagnose` on the run folder."
     sources = ("logs",)
 
     def evaluate(self, ev: Evidence) -> Finding | None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from syncdoctor.preflight.engine import RankTableContext
+from syncdoctor.preflight.contexts import RankTableContext
 from syncdoctor.preflight.model import Check, Hit
 from syncdoctor.preflight.rank_table import as_int
 

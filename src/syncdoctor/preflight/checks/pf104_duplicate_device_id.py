@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from syncdoctor.preflight.checks._common import repeats
-from syncdoctor.preflight.engine import RankTableContext
+from syncdoctor.preflight.contexts import RankTableContext
 from syncdoctor.preflight.model import Check, Hit
 
 
