@@ -17,8 +17,8 @@ from syncdoctor.lab.runner import LAB_CHECK_EVERY
 from syncdoctor.probe.core import DEFAULT_CHECK_EVERY
 
 REPO = Path(__file__).resolve().parents[2]
-RANK_TABLES = REPO / "tests" / "fixtures" / "preflight" / "rank_tables"
-BAD_SCRIPT = REPO / "tests" / "fixtures" / "preflight" / "scripts" / "pf314_bad.py"
+RANK_TABLES = REPO / "tests" / "rules" / "_shared" / "rank_tables"
+BAD_SCRIPT = REPO / "tests" / "rules" / "PF314" / "fire.py"
 
 
 def _parsers(parser: argparse.ArgumentParser, path: str = "syncdoctor"):
@@ -142,7 +142,7 @@ def test_preflight_with_only_a_rank_table_checks_only_that_table(tmp_path, capsy
 
 
 def test_preflight_says_no_problems_found_and_what_it_checked(tmp_path, capsys):
-    good = REPO / "tests" / "fixtures" / "preflight" / "scripts" / "pf316_good.py"
+    good = REPO / "tests" / "rules" / "PF316" / "silent.py"
     assert main(["preflight", str(good)]) == 0
     assert capsys.readouterr().out.strip() == "no problems found (1 script checked)"
     (tmp_path / "notes.txt").write_text("nothing to check here\n")

@@ -9,7 +9,7 @@ from syncdoctor.cli import main
 from syncdoctor.preflight.manifest import load_manifest, write_manifest
 from syncdoctor.preflight.registry import all_checks
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "fixtures" / "preflight" / "scripts"
+RULES = Path(__file__).resolve().parents[1] / "rules"
 
 
 def _tree(root: Path, loss_src: str) -> Path:
@@ -47,9 +47,9 @@ def test_compare_shows_the_differences(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_cli_exit_codes(tmp_path: Path, fixtures: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["preflight", str(SCRIPTS / "pf313_good.py")]) == 0
-    assert main(["preflight", str(SCRIPTS / "pf313_bad.py")]) == 1
-    assert main(["preflight", str(SCRIPTS / "pf307_bad.py")]) == 0  # warnings only
+    assert main(["preflight", str(RULES / "PF313" / "silent.py")]) == 0
+    assert main(["preflight", str(RULES / "PF313" / "fire.py")]) == 1
+    assert main(["preflight", str(RULES / "PF307" / "fire.py")]) == 0  # warnings only
     assert main(["preflight", str(tmp_path / "missing")]) == 2
     assert main(["preflight", "--compare", str(tmp_path / "one.json")]) == 2
     assert main(["preflight", "--no-environ", "--rank-table",
@@ -60,7 +60,7 @@ def test_cli_exit_codes(tmp_path: Path, fixtures: Path, capsys: pytest.CaptureFi
 
 def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
-    assert main(["preflight", "--json", str(SCRIPTS / "pf305_bad.py")]) == 1
+    assert main(["preflight", "--json", str(RULES / "PF305" / "fire.py")]) == 1
     data = json.loads(capsys.readouterr().out)
     assert [d["code"] for d in data] == ["PF305"] * 3
     assert set(data[0]) == {"path", "line", "col", "code", "severity", "message"}

@@ -80,7 +80,6 @@ class Probe:
         activations_every: int | None = None,
         activation_stride: int = 2,
         check_timeout_s: float | None = None,
-        register_comm_hook: bool = False,  # accepted for old callers: no comm hook is needed (_arm_local_norms)
         log_path: str | os.PathLike[str] | None = None,
         init_param_fp_local: int | None = None,
         auto: bool = False,

@@ -15,7 +15,7 @@ class TrainDivergence(Rule):
     """The loss diverges on every rank in lockstep: not a synchronisation problem.
 
     **Symptom:** the loss rises steadily, blows up and never recovers, or turns
-    NaN/inf — the same way on all ranks (playbook §1.1, the second "bad shape").
+    NaN/inf — the same way on all ranks.
 
     **Cause:** something global — learning rate, model, data labels — not the
     collaboration between cards; single-card training would show it too.

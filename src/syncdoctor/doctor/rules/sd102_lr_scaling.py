@@ -11,7 +11,7 @@ class LrNotScaled(Rule):
     """The global batch grew with the world size but the learning rate did not.
 
     **Symptom:** all ranks agree, nothing errors, the loss simply decreases slower
-    than on fewer cards (playbook §5.1, "所有rank loss接近但模型不收敛").
+    than on fewer cards.
 
     **Cause:** data parallelism multiplies the global batch by the number of cards;
     a learning rate tuned for one card is then too small per sample.

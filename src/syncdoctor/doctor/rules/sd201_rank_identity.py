@@ -15,7 +15,7 @@ class DuplicateRankIdentity(Rule):
     """Two processes believe they are the same rank.
 
     **Symptom:** two ranks read identical batches and report identical losses; one
-    shard of the data is never seen (forum answer, 环境与配置: RANK_ID/DEVICE_ID唯一性).
+    shard of the data is never seen.
 
     **Cause:** a rank id copied between hosts or launch scripts (RANK_ID, RANK,
     the sampler's rank), so sharding gives two processes the same shard.

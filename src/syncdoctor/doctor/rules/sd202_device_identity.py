@@ -20,7 +20,7 @@ class DeviceCollision(Rule):
     """Two ranks on one host drive the same device.
 
     **Symptom:** start-up errors such as "device already in use", or two ranks on
-    one host sharing one card and running at half speed (forum: DEVICE_ID唯一性, npu-smi).
+    one host sharing one card and running at half speed.
 
     **Cause:** DEVICE_ID / LOCAL_RANK / CUDA_VISIBLE_DEVICES copied between processes
     instead of derived from the local rank.

@@ -10,7 +10,7 @@ class UnseededShuffle(Rule):
     """Ranks shuffle with different random states, so their shards overlap.
 
     **Symptom:** each rank's batches look normal, but within one epoch ranks read
-    some of the same samples and never read others (playbook §3.1 and §4.1).
+    some of the same samples and never read others.
 
     **Cause:** the shuffle before sharding is not seeded identically on every rank
     (no `ds.config.set_seed` / sampler seed, or a per-rank seed), so every rank

@@ -10,7 +10,7 @@ class ShuffleAfterShard(Rule):
 
     **Symptom:** per-rank data views differ systematically; a rank whose shard is
     a contiguous block of the files keeps seeing one slice of the distribution
-    (playbook §4.2: shuffle must come before shard).
+.
 
     **Cause:** `dataset.shard(...)` (or slicing by rank) runs on the raw file order
     and each rank only shuffles inside its own shard.

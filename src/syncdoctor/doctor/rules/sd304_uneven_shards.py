@@ -14,7 +14,7 @@ class UnevenShards(Rule):
 
     **Symptom:** partial last batches on some ranks, the job hangs or fails at an
     epoch end with a collective timeout or "connection closed" while other ranks
-    finished (playbook §4.3, quick reference: "对比各卡total_steps").
+    finished.
 
     **Cause:** shards of unequal size without `drop_remainder=True` / `drop_last=True`
     (or file-level sharding with files of different sizes).

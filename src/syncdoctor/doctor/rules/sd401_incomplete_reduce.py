@@ -10,8 +10,7 @@ class IncompleteReduce(Rule):
     """The gradient average left a rank out: reduced gradients differ across ranks.
 
     **Symptom:** no error, the loss drifts or jumps on some ranks after a
-    communication timeout/retry; replicas part silently (playbook §2.3, forum:
-    "parameter gradient mismatch").
+    communication timeout/retry; replicas part silently.
 
     **Cause:** the all-reduce ran over an incomplete group (a rank marked
     unavailable after a retry, a wrong group or world size), so the ranks apply

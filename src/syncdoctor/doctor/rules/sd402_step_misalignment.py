@@ -14,8 +14,7 @@ class StepMisalignment(Rule):
 
     **Symptom:** no error; replicas part after one rank skipped or repeated an
     update, or ran one micro-step more per accumulation cycle; the job may hang at
-    the end waiting for a collective the others never make (playbook §2.2 third
-    node, §4.3).
+    the end waiting for a collective the others never make.
 
     **Cause:** a rank-dependent path around `optimizer.step()` or the
     accumulation counter (data length differs, an off-by-one `(i+1) % N`, a

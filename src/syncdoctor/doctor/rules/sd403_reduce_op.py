@@ -9,7 +9,7 @@ class SummedGradients(Rule):
     """Gradients are summed across ranks instead of averaged.
 
     **Symptom:** the effective learning rate is N× the intended one: the loss
-    jumps or diverges as soon as more cards join (forum: gradients_mean=True).
+    jumps or diverges as soon as more cards join.
 
     **Cause:** `gradients_mean=False` in MindSpore's auto-parallel context, an
     all-reduce with SUM and no division in a hand-written loop or comm hook.

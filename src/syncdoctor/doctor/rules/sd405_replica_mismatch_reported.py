@@ -13,7 +13,7 @@ class ReplicaMismatchReported(Rule):
     """A log reports that replicas or gradients differ across ranks.
 
     **Symptom:** lines such as `[ERROR] GRADIENT_SYNC: Rank 0 and Rank 1 parameter
-    gradient mismatch at step 1200` (the forum report), or a syncdoctor check line.
+    gradient mismatch at step 1200`, or a syncdoctor check line.
 
     **Cause:** the replicas are no longer identical; the report alone does not say
     why. Probe records name the mechanism (counters, reduced gradients, optimizer

@@ -11,7 +11,7 @@ class InitMismatch(Rule):
     """Replicas start from different weights.
 
     **Symptom:** ranks disagree from the very first step and never agree; the loss
-    is noisy and accuracy stays below single-card (forum: 参数初始化不一致).
+    is noisy and accuracy stays below single-card.
 
     **Cause:** no common seed before building the model and no parameter
     broadcast at start. MindSpore does not broadcast parameters (GRAPH mode's

@@ -12,8 +12,7 @@ class ModeMismatch(Rule):
     """Ranks run the model in different train/eval modes.
 
     **Symptom:** one rank's loss is persistently lower or higher than the others';
-    BatchNorm statistics and dropout behave differently per rank (forum:
-    `net.set_train(True)`).
+    BatchNorm statistics and dropout behave differently per rank.
 
     **Cause:** `model.train()` / `net.set_train()` missing or called on some ranks
     only (often after an evaluation that ran on rank 0 alone).

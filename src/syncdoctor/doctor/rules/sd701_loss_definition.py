@@ -17,8 +17,8 @@ class LossDefinitionMismatch(Rule):
     """Ranks compute different losses: loss code or hyperparameters differ.
 
     **Symptom:** per-rank losses sit at persistent offsets from each other while
-    the gradients are averaged normally; looks like a comm fault (playbook §3.5,
-    ASL with margin 0.05 on some cards and 0.1 on others).
+    the gradients are averaged normally; looks like a comm fault (e.g. an
+    asymmetric loss with margin 0.05 on some cards and 0.1 on others).
 
     **Cause:** different loss implementations or settings per rank — a code
     package updated on some nodes only, rank-dependent config, a different mask.

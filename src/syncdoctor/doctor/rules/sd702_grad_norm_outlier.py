@@ -17,8 +17,7 @@ class GradNormOutlier(Rule):
     """One rank's own gradients are orders of magnitude larger or smaller than the others'.
 
     **Symptom:** per-rank gradient norms differ by orders of magnitude; that rank
-    dominates the average and drags the update its way (playbook §3.2 and quick
-    reference: 梯度norm在rank间差好几个数量级).
+    dominates the average and drags the update its way.
 
     **Cause:** that rank's data is abnormal (a corrupt shard, different
     preprocessing or augmentation) or its loss is computed differently.

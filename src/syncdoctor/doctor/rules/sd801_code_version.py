@@ -10,8 +10,7 @@ class CodeVersionMismatch(Rule):
     """Nodes run different code or library versions.
 
     **Symptom:** any of the silent mismatches (loss offsets, parted replicas)
-    appearing after a deployment, often only on some nodes (playbook §5.2
-    "配置快照": 某张卡上的代码包更新了，另外几张卡没更新).
+    appearing after a deployment, often only on some nodes.
 
     **Cause:** the training script, the user's modules or the framework/comm
     library versions differ across nodes.

@@ -10,7 +10,7 @@ class OverflowDisagreement(Rule):
     """Mixed precision: ranks disagree on overflow, or fp16 overflows constantly.
 
     **Symptom:** some ranks skip an update for inf/nan gradients while others
-    apply it; replicas part from that step (forum: 混合精度下的梯度溢出, LossScale).
+    apply it; replicas part from that step.
 
     **Cause:** the overflow check runs on local gradients before the reduction (or
     the found-inf flag is not all-reduced), so the skip decision is per rank; or

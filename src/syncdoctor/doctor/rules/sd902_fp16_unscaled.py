@@ -11,14 +11,13 @@ class Fp16WithoutLossScaling(Rule):
     """Gradients in float16 with no loss scaling.
 
     **Symptom:** training stalls or gets noisy under mixed precision; gradients
-    that are small underflow to zero and large ones overflow to inf (forum: 昇腾910
-    很多算子主要支持FP16, 梯度下溢/上溢).
+    that are small underflow to zero and large ones overflow to inf.
 
     **Cause:** fp16 training or fp16 gradient reduction without a loss scaler, so
     the gradients live in fp16's narrow range (6e-8 … 65504).
 
     **Quick check:** log the loss scale and the overflow flag; train once in FP32
-    and compare (the forum's step 5).
+    and compare.
 
     **Fix:** use a dynamic loss scaler (`torch.amp.GradScaler`,
     `DynamicLossScaleManager` / `ms.amp.DynamicLossScaler`), or keep the reduction in

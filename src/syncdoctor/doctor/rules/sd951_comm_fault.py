@@ -16,8 +16,7 @@ class CommunicationFault(Rule):
     """Collectives time out or the links between ranks fail.
 
     **Symptom:** watchdog/collective timeouts, "connection closed/reset", NCCL/HCCL
-    network errors — the job stops, or worse, retries and carries on (playbook
-    §2.3 and §3.4: search for timeout, retry, watchdog).
+    network errors — the job stops, or worse, retries and carries on.
 
     **Cause:** a rank stalled (slow storage, a deadlock, a long evaluation on one
     rank), the network or driver failed, or a peer died first (then see the crash

@@ -14,7 +14,7 @@ class ProcessCrash(Rule):
 
     **Symptom:** one rank's log ends with a traceback (out of memory, an exception,
     a signal); every other rank fails later with timeouts or "connection closed"
-    errors that blame the network (forum: 部分进程异常退出; check every train.log).
+    errors that blame the network.
     NCCL's "Connection closed by localRank N", msrun's "worker exits with
     exception, kill all other workers" and torchrun's negative exit codes say the
     same: a process ended before the others.

@@ -10,7 +10,7 @@ class DatasetSeedMissing(Check):
     """A MindSpore dataset shuffles but `ds.config.set_seed` is never called.
 
     **Symptom:** the ranks' shuffled orders differ, so after sharding their data
-    views overlap and miss samples: a sawtooth loss (playbook 4.1).
+    views overlap and miss samples: a sawtooth loss.
 
     **Cause:** `ms.set_seed` seeds the model RNG, not the dataset pipeline; the
     dataset shuffle has its own seed.

@@ -11,7 +11,7 @@ class ShuffleAfterShard(Check):
 
     **Symptom:** each rank only ever shuffles its own fixed slice of the data, so the
     shards keep the file order's bias; per-rank losses differ and the global batch is
-    not a random sample (playbook 4.2).
+    not a random sample.
 
     **Cause:** `dataset.shard(...)` (or a source read with num_shards and
     shuffle=False) followed by `.shuffle(...)`.

@@ -12,7 +12,7 @@ class PartialLastBatch(Check):
 
     **Symptom:** ranks end an epoch with batches of different sizes (or different
     step counts), so gradients have different weight; with gradient accumulation the
-    ranks' update points drift apart (playbook 4.2, 4.3).
+    ranks' update points drift apart.
 
     **Cause:** `DataLoader(..., sampler=DistributedSampler(...))` without
     `drop_last=True`, or a sharded MindSpore dataset batched without

@@ -11,7 +11,7 @@ class GradientsSummed(Check):
     """Gradients are summed across ranks instead of averaged.
 
     **Symptom:** the effective learning rate is multiplied by the number of cards:
-    loss jumps or diverges on many cards only (forum table, row 4).
+    loss jumps or diverges on many cards only.
 
     **Cause:** MindSpore's `set_auto_parallel_context(parallel_mode=...)` without
     `gradients_mean=True` (its default is False: a sum), `DistributedGradReducer(...,

@@ -10,7 +10,7 @@ class TrainModeNotSet(Check):
     """The network is trained without being put in training mode.
 
     **Symptom:** dropout is off and BatchNorm uses frozen statistics on the ranks
-    concerned: one rank's loss is persistently lower or higher (forum: set_train).
+    concerned: one rank's loss is persistently lower or higher.
 
     **Cause:** a MindSpore Cell starts in inference mode and a hand-written training
     loop (value_and_grad / TrainOneStepCell) never calls `net.set_train()`; in

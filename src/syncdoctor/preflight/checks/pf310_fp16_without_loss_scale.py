@@ -10,7 +10,7 @@ class Fp16WithoutLossScale(Check):
     """Training in float16 without loss scaling.
 
     **Symptom:** small gradients underflow to zero and large ones overflow, to a
-    different degree on each rank: the loss stalls or jumps (forum: 混合精度).
+    different degree on each rank: the loss stalls or jumps.
 
     **Cause:** `autocast` with float16 (the CUDA default), `model.half()`, or
     MindSpore `auto_mixed_precision(net, "O2"/"O3")` / `amp_level="O3"`, with no

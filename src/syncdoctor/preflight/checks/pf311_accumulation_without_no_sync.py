@@ -20,7 +20,7 @@ class AccumulationWithoutNoSync(Check):
     """Gradient accumulation under DDP without `no_sync()`.
 
     **Symptom:** none in the loss: every micro-step all-reduces gradients that are
-    not used yet, so accumulation costs N times the communication (playbook 4.3).
+    not used yet, so accumulation costs N times the communication.
 
     **Cause:** DDP reduces in every `backward()` unless the micro-steps that do not
     end a cycle run inside `model.no_sync()`.

@@ -13,7 +13,7 @@ class AccumulationOffByOne(Check):
 
     **Symptom:** the first update comes after one micro-batch, later ones after N,
     and the last cycle of an epoch is cut short; with uneven data on one rank the
-    counters drift and the ranks update at different steps (playbook 2.2, 4.3).
+    counters drift and the ranks update at different steps.
 
     **Cause:** `enumerate()` / `range()` count from 0, so `i % N == 0` is true at
     i = 0, N, 2N, ... i.e. before the cycle is complete.

@@ -15,7 +15,7 @@ class RankDependentHyperparameter(Check):
 
     **Symptom:** ranks average gradients of different losses or apply different
     updates: it looks like a communication fault, with per-rank loss offsets and
-    replicas that drift apart (playbook 3.5, quick-ref last row).
+    replicas that drift apart.
 
     **Cause:** a value computed from `rank` / `get_rank()` / `os.environ["RANK"]`
     (directly or assigned under `if rank ...`) passed to a loss or optimizer, or

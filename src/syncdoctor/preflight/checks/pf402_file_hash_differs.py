@@ -12,7 +12,7 @@ class FileHashDiffers(Check):
 
     **Symptom:** looks like a communication fault: the ranks of one node compute a
     different loss (e.g. ASL margin 0.05 there, 0.1 elsewhere) and the averaged
-    gradient points nowhere (playbook 3.5).
+    gradient points nowhere.
 
     **Cause:** a node kept an older copy of the code, or someone edited it in place.
 

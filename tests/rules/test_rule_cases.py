@@ -1,0 +1,144 @@
+"""Every doctor rule and every preflight check on its own small fixtures: one folder
+per code under tests/rules/, holding cases that must fire (named `fire*`) and twins
+that must stay silent (`silent*`). Seconds in all, no training.
+
+A case is a file or a folder (probe records, logs, a script, a rank table). An
+optional `cases.json` in the code's folder adds what a case expects, by case name:
+
+- `input`: the path to use, relative to the code's folder, when the case is not a
+  file of its own (a shared clean run, a public log of the corpus);
+- doctor rules: `top` (the code is the first finding), `ranks`, `step`;
+- preflight checks: `lines` (the lines this code's findings are at), `rank_table`
+  (the input is given as `--rank-table`), `environ` (the launch environment),
+  `compare` (manifests to compare). A script's expected findings are its
+  `# expect: CODE` comments, all codes together: its silent twin expects none.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from syncdoctor.doctor.diagnose import diagnose
+from syncdoctor.doctor.model import Diagnosis
+from syncdoctor.doctor.rules import all_rules
+from syncdoctor.preflight import run_preflight
+from syncdoctor.preflight.model import PreflightFinding
+from syncdoctor.preflight.registry import all_checks
+
+HERE = Path(__file__).resolve().parent
+CODE_DIR = re.compile(r"^(SD|PF)\d{3}$")
+_EXPECT = re.compile(r"#\s*expect:\s*(PF\d{3})")
+
+
+@dataclass(frozen=True)
+class Case:
+    code: str
+    name: str
+    path: Path
+    options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def fires(self) -> bool:
+        return self.name.startswith("fire")
+
+    def __str__(self) -> str:
+        return f"{self.code}/{self.name}"
+
+
+def code_folders() -> list[Path]:
+    return sorted(p for p in HERE.iterdir() if p.is_dir() and CODE_DIR.match(p.name))
+
+
+def cases_of(folder: Path) -> list[Case]:
+    spec_file = folder / "cases.json"
+    spec: dict[str, dict[str, Any]] = json.loads(spec_file.read_text()) if spec_file.exists() else {}
+    names = {p.name for p in folder.iterdir() if p.name.startswith(("fire", "silent"))} | set(spec)
+    cases = []
+    for name in sorted(names):
+        options = spec.get(name, {})
+        cases.append(Case(folder.name, name, (folder / options.get("input", name)).resolve(), options))
+    return cases
+
+
+ALL_CASES = [case for folder in code_folders() for case in cases_of(folder)]
+
+
+@cache
+def diagnosis(path: Path) -> Diagnosis:
+    return diagnose([path])
+
+
+def preflight(case: Case) -> list[PreflightFinding]:
+    opts = case.options
+    folder = HERE / case.code
+    compare = [folder / p for p in opts.get("compare", [])]
+    if opts.get("rank_table"):
+        return run_preflight([], case.path, environ=opts.get("environ"))
+    paths = [case.path] if case.path.exists() else []  # a comparison alone has no path of its own
+    return run_preflight(paths, compare=compare, environ=opts.get("environ"))
+
+
+def script_expectations(path: Path) -> set[tuple[str, int, str]]:
+    files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    return {(str(f), n, m.group(1)) for f in files
+            for n, line in enumerate(f.read_text().splitlines(), 1) if (m := _EXPECT.search(line))}
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=str)
+def test_case(case: Case) -> None:
+    assert case.path.exists() or case.options.get("compare"), f"{case}: {case.path} does not exist"
+    if case.code.startswith("SD"):
+        check_doctor_case(case)
+    else:
+        check_preflight_case(case)
+
+
+def check_doctor_case(case: Case) -> None:
+    diag = diagnosis(case.path)
+    found = {f.code: f for f in diag.findings}
+    listed = [(f.code, f.confidence, f.title) for f in diag.findings]
+    if not case.fires:
+        assert case.code not in found, f"{case} must stay silent: {listed}"
+        return
+    assert case.code in found, f"{case} must fire: {listed}"
+    finding = found[case.code]
+    if case.options.get("top"):
+        assert diag.findings[0].code == case.code, f"{case} must be the top finding: {listed}"
+    if "ranks" in case.options:
+        assert finding.ranks == case.options["ranks"]
+    if "step" in case.options:
+        assert finding.step == case.options["step"]
+    assert finding.fix, f"{case}: the finding carries no fix (the rule's docstring lacks **Fix:**)"
+
+
+def check_preflight_case(case: Case) -> None:
+    findings = preflight(case)
+    if case.path.suffix == ".py" or (case.path.is_dir() and any(case.path.rglob("*.py"))):
+        expected = script_expectations(case.path)
+        assert {(f.path, f.line, f.code) for f in findings} == expected
+        assert bool(expected) == case.fires, f"{case}: a fire case marks its lines, a silent one none"
+        return
+    mine = [f for f in findings if f.code == case.code]
+    if not case.fires:
+        assert not mine, f"{case} must stay silent: {[f.render() for f in mine]}"
+        return
+    assert mine, f"{case} must fire: {[f.render() for f in findings]}"
+    if "lines" in case.options:
+        assert [f.line for f in mine] == case.options["lines"], [f.render() for f in mine]
+
+
+def test_every_rule_and_check_has_a_fixture_folder_with_both_kinds_of_case() -> None:
+    registered = {r.code for r in all_rules()} | {c.code for c in all_checks()}
+    folders = {p.name for p in code_folders()}
+    assert sorted(registered - folders) == [], "codes without a fixture folder under tests/rules/"
+    assert sorted(folders - registered) == [], "fixture folders of codes that are not registered"
+    for code in registered:
+        kinds = {c.fires for c in ALL_CASES if c.code == code}
+        assert kinds == {True, False}, f"{code} needs a case that fires and one that stays silent"
