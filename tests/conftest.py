@@ -15,6 +15,14 @@ from syncdoctor.lab.runner import LabResult, run_lab
 LAB_PG_TIMEOUT_S = 10.0
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that asks for a lab run spawns real multi-process training: it is slow,
+    whatever module it is in (modules that mix fast and lab tests need no marks)."""
+    for item in items:
+        if "lab" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 def pids_running_with(text: str) -> list[int]:
     """Live processes whose command line mentions `text` (read from /proc, by pid)."""
     found = []

@@ -1,6 +1,6 @@
 """The doctor on real lab runs: each fault's root cause comes out on top, clean runs
 stay healthy, and logs alone still give the right verdict for faults that show in
-the loss."""
+the loss. The tests that ask for `lab` are slow (tests/conftest.py marks them)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ import pytest
 from syncdoctor.cli import main
 from syncdoctor.doctor.diagnose import diagnose
 from syncdoctor.lab.matrix import cases
-
-pytestmark = pytest.mark.slow
 
 FAULT_CASES = [(f, v) for f, v, _ in cases() if f != "clean"]
 

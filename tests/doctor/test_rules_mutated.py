@@ -7,11 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
-
 from syncdoctor.doctor.diagnose import diagnose
-
-pytestmark = pytest.mark.slow
 
 
 def test_collective_mismatch_from_a_log_line(lab, tmp_path: Path) -> None:

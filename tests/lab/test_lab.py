@@ -18,8 +18,6 @@ from syncdoctor.lab.faults import FAULTS
 from syncdoctor.records import read_run
 from tests.conftest import pids_running_with
 
-pytestmark = pytest.mark.slow
-
 REQUIRED_FAULTS = {
     "unseeded-shuffle", "shuffle-after-shard", "shard-overlap", "uneven-shards", "duplicate-rank-id",
     "dropped-rank", "grad-accum-misaligned", "skipped-step", "extra-step", "loss-hparam-mismatch", "grad-sum",
@@ -217,6 +215,7 @@ def test_faults_run_at_world_size_4(lab, fault: str) -> None:
     assert pids_running_with(str(result.out)) == []
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_leaves_no_process(tmp_path) -> None:
     out = tmp_path / "interrupted"
     code = ("from syncdoctor.lab.runner import run_lab; "
