@@ -142,3 +142,13 @@ def test_every_rule_and_check_has_a_fixture_folder_with_both_kinds_of_case() -> 
     for code in registered:
         kinds = {c.fires for c in ALL_CASES if c.code == code}
         assert kinds == {True, False}, f"{code} needs a case that fires and one that stays silent"
+
+
+def test_every_rule_and_check_documents_itself_and_the_docstring_is_the_only_fix_text() -> None:
+    rules, checks = all_rules(), all_checks()
+    for entry in [*rules, *checks]:
+        docs = entry.docs()
+        required = ("symptom", "cause", "fix") + (("quick_check",) if entry in rules else ())
+        assert all(docs.get(k) for k in required), (entry.code, [k for k in required if not docs.get(k)])
+        assert "fix" not in vars(entry), f"{entry.code}: the fix is the docstring's **Fix:** section, not an attribute"
+        assert docs["fix"] == entry.fix_text()
