@@ -557,6 +557,15 @@ def is_optimizer_step(ctx: ScriptContext, c: CallInfo) -> bool:
     return False
 
 
+def accumulation_guard(ctx: ScriptContext, c: CallInfo) -> ast.If | None:
+    """The `if ... % N ...:` an optimizer step sits in: gradient accumulation."""
+    for node, arm in reversed(getattr(c, "branches", ())):
+        if arm == "body" and any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
+                                 for n in ast.walk(node.test)):
+            return node
+    return None
+
+
 def _asks_distributed(cmp: ast.Compare) -> bool:
     """`local_rank != -1`, `rank is None`, `local_rank >= 0`: the same answer on every rank."""
     values = [literal(c) for c in cmp.comparators]

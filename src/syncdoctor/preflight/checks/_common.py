@@ -6,7 +6,10 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+from syncdoctor.preflight.environment import EnvSnapshot
+
 T = TypeVar("T")
+VISIBLE = ("ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 
 
 def repeats(items: Iterable[T], key: Callable[[T], Any]) -> Iterator[tuple[T, T, int]]:
@@ -43,3 +46,9 @@ def _hashable(key: Callable[[T], Any]) -> Callable[[T], Any]:
         return k
 
     return wrapped
+
+
+def visible_devices(snap: EnvSnapshot) -> list[str] | None:
+    """The device list a process was restricted to, None when it was not."""
+    value = snap.get(*VISIBLE)
+    return [v.strip() for v in value.split(",") if v.strip()] if value is not None else None

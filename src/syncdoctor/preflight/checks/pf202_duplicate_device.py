@@ -2,16 +2,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from syncdoctor.preflight.checks._common import repeats
+from syncdoctor.preflight.checks._common import repeats, visible_devices
 from syncdoctor.preflight.environment import EnvGroup, EnvSnapshot
 from syncdoctor.preflight.model import Check, Hit
-
-VISIBLE = ("ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
-
-
-def visible_devices(snap: EnvSnapshot) -> list[str] | None:
-    value = snap.get(*VISIBLE)
-    return [v.strip() for v in value.split(",") if v.strip()] if value is not None else None
 
 
 def physical_device(snap: EnvSnapshot) -> str | None:

@@ -2,8 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from syncdoctor.preflight.checks._common import repeats
-from syncdoctor.preflight.checks.pf202_duplicate_device import visible_devices
+from syncdoctor.preflight.checks._common import repeats, visible_devices
 from syncdoctor.preflight.environment import EnvGroup
 from syncdoctor.preflight.model import Check, Hit
 

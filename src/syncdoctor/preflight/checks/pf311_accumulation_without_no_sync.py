@@ -1,19 +1,9 @@
 from __future__ import annotations
 
-import ast
 from collections.abc import Iterator
 
 from syncdoctor.preflight.model import Check, Hit
-from syncdoctor.preflight.script import ScriptContext, is_optimizer_step
-
-
-def accumulation_guard(ctx: ScriptContext, c: object) -> ast.If | None:
-    """The `if ... % N ...:` an optimizer step sits in: gradient accumulation."""
-    for node, arm in reversed(getattr(c, "branches", ())):
-        if arm == "body" and any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
-                                 for n in ast.walk(node.test)):
-            return node
-    return None
+from syncdoctor.preflight.script import ScriptContext, accumulation_guard, is_optimizer_step
 
 
 class AccumulationWithoutNoSync(Check):

@@ -3,9 +3,13 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from syncdoctor.preflight.checks.pf311_accumulation_without_no_sync import accumulation_guard
 from syncdoctor.preflight.model import Check, Hit
-from syncdoctor.preflight.script import ScriptContext, is_optimizer_step, literal
+from syncdoctor.preflight.script import (
+    ScriptContext,
+    accumulation_guard,
+    is_optimizer_step,
+    literal,
+)
 
 
 class AccumulationOffByOne(Check):
