@@ -2,7 +2,8 @@
 files of a run folder, a small synthetic probe run, and the seed corpus.
 
 One fuzz input holds several files separated by SEP; a harness names them by
-position. Seeds are real inputs (tests/fixtures, plus the synthetic run), so the
+position. Seeds are real inputs (tests/fixtures and the rank tables of
+tests/rules/_shared, plus the synthetic run), so the
 fuzzer starts from files the parsers accept and mutates inward from there.
 """
 
@@ -74,7 +75,7 @@ def seeds(target: str) -> list[bytes]:
     if target == "records":
         return [SEP.join(synthetic_records()), SEP.join(synthetic_records(world=4, steps=6))]
     if target == "rank_table":
-        return [p.read_bytes() for p in sorted((FIXTURES / "preflight" / "rank_tables").glob("*.json"))]
+        return [p.read_bytes() for p in sorted((REPO / "tests" / "rules" / "_shared" / "rank_tables").glob("*.json"))]
     if target == "diagnose":
         logs = _fixture_logs()
         return [SEP.join(synthetic_records()) + SEP + logs[0]] + logs[:4]

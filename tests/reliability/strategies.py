@@ -15,6 +15,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+RANK_TABLES = Path(__file__).resolve().parents[1] / "rules" / "_shared" / "rank_tables"
 
 # Numbers as a log prints them, including the ones that break naive parsing.
 ABSURD_NUMBERS = (
@@ -246,7 +247,7 @@ def tail_files(draw: st.DrawFn, rank: int) -> bytes:
 # ----------------------------------------------------------------------------- rank tables
 
 def _good_tables() -> list[Any]:
-    return [json.loads(p.read_text()) for p in sorted((FIXTURES / "preflight" / "rank_tables").glob("good*.json"))]
+    return [json.loads(p.read_text()) for p in sorted(RANK_TABLES.glob("good*.json"))]
 
 
 GOOD_TABLES = tuple(_good_tables())

@@ -27,10 +27,8 @@ UNSAFE_CALLS = {("torch", "load"), ("yaml", "load"), ("yaml", "unsafe_load"),
                 ("os", "popen"), ("importlib", "import_module"), ("ms", "load_checkpoint"),
                 ("mindspore", "load_checkpoint"), ("pd", "read_pickle")}
 ALLOWED = {
-    ("doctor/rules/__init__.py", "importlib.import_module"):
-        "imports this package's own sdNNN_*.py modules, listed by pkgutil, never a name from input",
-    ("preflight/registry.py", "importlib.import_module"):
-        "imports this package's own checks modules, listed by pkgutil",
+    ("rulebook.py", "importlib.import_module"):
+        "imports the modules of the rules' or checks' own package, listed by pkgutil, never a name from input",
     ("records/__init__.py", "importlib.import_module"):
         "lazy import of syncdoctor.records.<reader|schema|writer> from a fixed table",
 }
