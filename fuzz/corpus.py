@@ -2,9 +2,9 @@
 files of a run folder, a small synthetic probe run, and the seed corpus.
 
 One fuzz input holds several files separated by SEP; a harness names them by
-position. Seeds are real inputs (tests/fixtures and the rank tables of
-tests/rules/_shared, plus the synthetic run), so the
-fuzzer starts from files the parsers accept and mutates inward from there.
+position. Seeds are real inputs (tests/fixtures, the rank tables of tests/rules/_shared,
+plus the synthetic run), so the fuzzer starts from files the parsers accept and
+mutates inward from there.
 """
 
 from __future__ import annotations
