@@ -22,7 +22,8 @@ Severity = Literal["error", "warning", "info"]
 SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
 SECTIONS = ("Symptom", "Cause", "Quick check", "Fix")
 
-_SECTION = re.compile(r"\*\*(Symptom|Cause|Fix|Quick check):\*\*\s*(.*?)(?=\n\s*\*\*[A-Z][a-z ]+:\*\*|\Z)", re.S)
+# A section runs from its bold heading to the next bold heading or the end.
+_SECTION = re.compile(r"\*\*(" + "|".join(SECTIONS) + r"):\*\*\s*(.*?)(?=\n\s*\*\*[A-Z][a-z ]+:\*\*|\Z)", re.S)
 
 E = TypeVar("E", bound="Entry")
 

@@ -15,10 +15,11 @@ from syncdoctor.doctor.series import downsample
 from syncdoctor.errors import InputError
 from syncdoctor.records import RecordError, read_run
 from syncdoctor.records.reader import is_run_dir
+from syncdoctor.rulebook import SEVERITIES
 
 # Categories that say "not the collaboration between cards".
 NOT_SYNC = {"healthy", "train.divergence", "hparam.lr_scaling", "config.launch"}
-_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+_SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
 MAX_MISSING_ROWS = 1024  # absent ranks listed one row each; more become one warning
 
 

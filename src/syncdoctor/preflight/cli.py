@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from syncdoctor.preflight.model import PreflightFinding
+from syncdoctor.rulebook import SEVERITIES
 
 if TYPE_CHECKING:
     from syncdoctor.preflight.engine import Inputs
@@ -113,7 +114,7 @@ def _print(findings: list[PreflightFinding], as_json: bool) -> None:
     for f in findings:
         print(f.render())
     if findings:
-        counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
+        counts = {s: sum(f.severity == s for f in findings) for s in SEVERITIES}
         summary = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n)
         print(f"Found {len(findings)} problem{'s' if len(findings) != 1 else ''} ({summary}).",
               file=sys.stderr)

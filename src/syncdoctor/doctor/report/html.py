@@ -41,7 +41,7 @@ from syncdoctor.doctor.report.common import (
     summarize_events,
 )
 from syncdoctor.doctor.series import downsample
-from syncdoctor.rulebook import fmt_ranks
+from syncdoctor.rulebook import SEVERITIES, fmt_ranks
 
 __all__ = ["render_fragment", "render_html"]
 
@@ -178,7 +178,7 @@ def _finding_html(f: Finding, top: bool) -> str:
     ]
     dl = "".join(f"<dt>{k}</dt><dd>{_e(v, limit=300)}</dd>" for k, v in facts if v is not None)
     evidence = "".join(f"<li>{_e(x, limit=2000)}</li>" for x in f.evidence)
-    sev = f.severity if f.severity in ("error", "warning", "info") else "info"
+    sev = f.severity if f.severity in SEVERITIES else "info"
     return (
         f'<article class="finding {sev}{" top" if top else ""}">'
         f"<h3>{_e(f.title, oneline=True)}</h3><dl>{dl}</dl>"
