@@ -6,7 +6,8 @@ A case is a file or a folder (probe records, logs, a script, a rank table). An
 optional `cases.json` in the code's folder adds what a case expects, by case name:
 
 - `input`: the path to use, relative to the code's folder, when the case is not a
-  file of its own (a shared clean run, a public log of the corpus);
+  file of its own (the shared clean run, a public log of the corpus, or a sibling
+  rule's fire case as a near miss: `silent_near`);
 - doctor rules: `top` (the code is the first finding), `ranks`, `step`;
 - preflight checks: `lines` (the lines this code's findings are at), `rank_table`
   (the input is given as `--rank-table`), `environ` (the launch environment),
