@@ -1,5 +1,5 @@
 """Coverage-guided fuzzing (atheris/libFuzzer) of the four targets, each harness in
-its own process with a bounded budget: SYNCDOCTOR_FUZZ_SECONDS each (default 12).
+its own process with a bounded budget: SYNCDOCTOR_FUZZ_SECONDS each (default 5; the fuzz/ campaign runs longer).
 A crash, a hang past -timeout or an exception outside the contract makes libFuzzer
 exit non-zero and leave the input as crash-* in the test's folder."""
 
@@ -18,7 +18,7 @@ atheris = pytest.importorskip(
 )
 
 FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
-SECONDS = int(os.environ.get("SYNCDOCTOR_FUZZ_SECONDS", "12"))
+SECONDS = int(os.environ.get("SYNCDOCTOR_FUZZ_SECONDS", "5"))
 _EXECUTED = re.compile(r"stat::number_of_executed_units:\s*(\d+)")
 
 
