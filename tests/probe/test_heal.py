@@ -1,6 +1,7 @@
 """Healing a corrupted replica (on_mismatch="heal") on real 3-rank jobs: the odd rank
 is restored from the majority and the replicas end bitwise equal; a rank that is
-late at the heal step makes every rank skip it (bounded wait, no hang)."""
+late at the check defers the heal to a later check; one late at the heal step makes
+every rank skip it (bounded wait, no hang)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def heals(run_dir: Path) -> list[dict]:
 
 
 def test_block_for_heal_reads_often() -> None:
-    assert block_for(1) == 20 and block_for(5) == 4 and block_for(50) == 1
+    assert block_for(1) == 10 and block_for(5) == 2 and block_for(10) == 1 and block_for(50) == 1
 
 
 @pytest.mark.slow
@@ -56,11 +57,23 @@ def test_heal_restores_the_odd_replica_from_the_majority(tmp_path: Path) -> None
     assert len({e["step"] for e in done}) == 1
     heal = done[0]["heal"]
     assert heal["odd"] == [1] and heal["source"] in (0, 2) and heal["check_step"] == 6
+    # Decided at the check that posted the flip's block (K = 2): the copy took no further step.
+    assert done[0]["step"] == 8
     assert heal["bytes"] > 0
     assert len(set(finals(run_dir))) == 1  # bitwise equal at the end
     run = read_run(run_dir)
     later = [c for c in run.checks if c["step"] > done[0]["step"]]
     assert later and all(c["status"] == "ok" for c in later)
+
+
+@pytest.mark.slow
+def test_a_rank_late_at_the_check_defers_the_heal_to_a_later_check(tmp_path: Path) -> None:
+    run_dir, codes = run_job(tmp_path, "late", wait_s=3.0)
+    assert codes == [0] * WORLD
+    done = [e for e in heals(run_dir) if e["heal"]["status"] == "healed"]
+    assert sorted(e["rank"] for e in done) == list(range(WORLD)) and len({e["step"] for e in done}) == 1
+    assert done[0]["step"] > 8 and done[0]["heal"]["check_step"] == 6
+    assert len(set(finals(run_dir))) == 1
 
 
 @pytest.mark.slow

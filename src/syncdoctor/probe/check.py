@@ -278,6 +278,8 @@ class CrossRankCheck:
         try:
             if len(self.rows) == self.block:
                 self._post()
+                if self.healer is not None:  # "heal": decide at this check, heal before the next step
+                    self.healer.after_post()
             self._read_due(self.count - self.lag)
             if not self.everyone_reads and time.monotonic() - self.polled_at >= VERDICT_POLL_S:
                 self._poll_verdicts()

@@ -18,21 +18,33 @@ record, and the refusal is recorded with its reason.
 Protocol. Checks are compared by one rank at a time, through the job's c10d store,
 without collectives (check.py), so a verdict reaches the other ranks at different
 moments. A heal is a collective: every rank must take part at the same step or the
-job hangs. So:
+job hangs. Under "heal" (and only there) every check is therefore decided together,
+at the check step itself (after_post):
 
-1. The reader that finds the onset publishes a plan in the store: heal at check
-   step S, the second check step after its current step, from rank `source`.
-2. Every rank asks the store at each of its check steps whether a plan is new (one
-   round trip per check, only under "heal"). Data-parallel ranks run in lockstep —
-   each step holds a collective the reader takes part in after publishing — so every
-   rank has seen the plan at the check step between publication and S.
-3. At S every rank that knows the plan posts its parameters' fingerprint and
+1. Each rank posts its block of checks as under "warn", then counts itself in; the
+   last to arrive marks the block as posted by all. The block's reader waits for
+   that mark (at most HEAL_POST_WAIT_S: ranks in lockstep post within the step's
+   skew, and the reader would wait for them at the next step's collective anyway),
+   reads and compares the block, and writes its decision with compare_set: "ok", or
+   a plan (restore the odd ranks from rank `source`). The others wait for the
+   decision, and past twice that time write "late" the same way. compare_set keeps
+   the first value written, so every rank acts on the same one.
+2. On a plan, every rank heals right there, before the next step: the corrupted copy
+   takes no further step, and feeds no gradient into the others' updates. A flip
+   between two checks therefore changes the job for at most K steps.
+3. On "late" (a rank or the store slow) the block is read at the reader's next
+   check, as under "warn"; a heal it finds is published in the store for the next
+   check step S. Every rank asks the store at each check step, before its
+   fingerprints, whether a plan is new (one round trip). Data-parallel ranks run in
+   lockstep — each step holds a collective the reader joins after publishing — so
+   every rank has seen the plan by its check step S at the latest.
+4. To heal, every rank that knows the plan posts its parameters' fingerprint and
    counts itself in. The one that completes the count writes, with compare_set,
-   "go" if the copies still split as planned (else "stale": a plan made checks ago
+   "go" if the copies still split as planned (else "stale": a plan made a check ago
    may be overtaken, e.g. by a NaN that reached every rank); a rank that waits
-   longer than HEAL_WAIT_S writes "abort" the same way. compare_set keeps the first value
-   written, so every rank reads the same decision: all broadcast, or none does. A
-   rank that never learned of the plan only delays the others by HEAL_WAIT_S.
+   longer than HEAL_WAIT_S writes "abort" the same way: all broadcast, or none
+   does. A rank that never learned of the plan only delays the others by
+   HEAL_WAIT_S.
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ import os
 import socket
 import sys
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,9 +68,15 @@ if TYPE_CHECKING:
     from syncdoctor.probe.check import CrossRankCheck
 
 # Under "heal" a block of checks is read at least this often (steps), so that a
-# corrupted copy trains on for tens of steps, not hundreds: one store write per rank
-# and block, still no per-step work.
-HEAL_READ_EVERY_STEPS = 20
+# corrupted copy trains on for a few steps, not hundreds: one store write per rank
+# and block, still no per-step work (at the lab's K = 10 and the default K = 50: every
+# check is its own block).
+HEAL_READ_EVERY_STEPS = 10
+# The reader of a block waits at most this long, at the check that fills it, for the
+# other ranks to post it too; past that it reads it at its next check as under "warn".
+# Lockstep ranks post within the step's skew, and the reader would wait for them at the
+# next step's collective anyway, so the wait costs a few store round trips, not time.
+HEAL_POST_WAIT_S = 1.0
 HEAL_WAIT_S = 30.0  # the longest the ranks wait for each other at the heal step (env SYNCDOCTOR_HEAL_WAIT_S)
 POLL_S = 0.002
 BUCKET_BYTES = 32 << 20  # tensors travel flattened in buckets of about this size
@@ -80,10 +99,14 @@ class Healer:
         self.world_size = checker.world_size
         self.seen = 0  # plans read from the store
         self.plan: dict[str, Any] | None = None  # the plan this rank will act on
-        self.healed_through = 0  # the step of the last heal (its check already sees the healed state)
+        self.healed_through = 0  # the step of the last heal
+        self.healed_after = 0  # the check a heal followed at once (after_post): the next check sees the healed state
         self.refusals: set[str] = set()
         self.host = socket.gethostname()
         self.wait_s = float(os.environ.get("SYNCDOCTOR_HEAL_WAIT_S") or HEAL_WAIT_S)
+        self.post_wait_s = min(HEAL_POST_WAIT_S, self.wait_s)
+        self.deciding = False  # reading a block at the check that posted it (after_post)
+        self.candidate: dict[str, Any] | None = None  # the heal that read would plan
 
     # ------------------------------------------------------------------ the reader's side
     def after_block(self, first: int, blocks: list[np.ndarray]) -> None:
@@ -94,6 +117,8 @@ class Healer:
         checks = min(len(rows) for rows in blocks)
         agreed_before: bool | None = None
         for n in range(checks):
+            if first + n - 1 == self.healed_after:
+                agreed_before = True  # healed right after the check before: the copies were equal from there
             table = [[int(v) for v in rows[n][1 : 1 + WIDTH]] for rows in blocks]
             what, _ = compare(table, self.checker.buffers_must_match)
             if not what:
@@ -159,14 +184,21 @@ class Healer:
             return
         if self.plan is not None:
             return  # a heal is under way
+        plan = {"source": split.majority[0], "odd": split.odd, "check": index, "check_step": step, "what": what,
+                "reader": self.checker.rank}
+        if self.deciding:  # read at the check that posted it: every rank is waiting for the decision
+            self.candidate = self.candidate or plan
+        else:
+            self._publish(plan)
+
+    def _publish(self, plan: dict[str, Any]) -> None:
+        """Plan a heal at the next check step, for the ranks to learn of at their checks."""
         now = self.probe.step
         every = self.probe.check_every
         # Counted first (the answer is awaited), written next: a rank that sees the count
         # before the plan arrives waits for it in get().
         self.seen = self.store.add("heal/plans", 1)
-        plan = {"id": self.seen, "published_at": now, "step": every * (now // every + 2),
-                "source": split.majority[0], "odd": split.odd, "check": index, "check_step": step,
-                "what": what, "reader": self.checker.rank}
+        plan = {**plan, "id": self.seen, "published_at": now, "step": every * (now // every + 1)}
         self.store.set(f"heal/{self.seen}", json.dumps(plan))
         self.plan = plan
 
@@ -180,6 +212,56 @@ class Healer:
                                 event="heal", message=f"not healed: {reason}",
                                 heal={"status": "refused", "check_step": step, "what": what, "reason": reason})
 
+    # ------------------------------------------------------------------ every rank, at a block's post
+    def after_post(self) -> None:
+        """Right after every rank posted block n (its last check is this step): decide
+        now, together, whether to heal, and heal before the next step, so that a
+        corrupted copy takes no further step and feeds no gradient into the others'.
+
+        Each rank counts itself in; the last one sets `all`. The block's reader waits for
+        `all` (at most HEAL_POST_WAIT_S), reads the block, and writes its decision with
+        compare_set: "ok", or a plan. The others wait for it (twice as long) and, past
+        that, write "late" the same way. compare_set keeps the first value, so every rank
+        acts on the same one: all heal now, or none does (after "late" the block is read
+        at the next check as under "warn", and a plan is published for the check after)."""
+        checker = self.checker
+        if checker.stopped or self.world_size < 3:
+            return
+        number = (checker.count - 1) // checker.block + 1
+        key = f"heal/b{number}"
+        if self.store.add(f"{key}/n", 1) == self.world_size:
+            self.store.set(f"{key}/all", "1")
+        reads = bool(checker.due) and checker.due[-1][0] == number
+        value = "late"
+        self.candidate = None
+        if reads:
+            try:
+                self.store.wait([f"{key}/all"], timedelta(seconds=self.post_wait_s))
+                posted = True
+            except Exception:  # not every rank posted in time (a store that is gone fails below too)
+                posted = False
+            if posted:
+                self.deciding = True
+                try:
+                    checker._read_due(checker.count)
+                finally:
+                    self.deciding = False
+                value = json.dumps(self.candidate) if self.candidate else "ok"
+        else:
+            try:
+                self.store.wait([f"{key}/v"], timedelta(seconds=2 * self.post_wait_s))
+            except Exception:
+                pass
+        decision = self.store.compare_set(f"{key}/v", "", value).decode()
+        if reads and self.candidate and decision != value:
+            self._publish(self.candidate)  # the others went on: heal at the next check instead
+        if decision.startswith("{"):
+            step = self.probe.step
+            plan = {**json.loads(decision), "id": f"b{number}", "published_at": step, "step": step}
+            self.healed_through = step
+            if self._meet_and_heal(plan, step):
+                self.healed_after = checker.count
+
     # ------------------------------------------------------------------ every rank
     def at_check(self, step: int) -> None:
         """At each check step: learn of a new plan; at its step, meet the others and heal."""
@@ -187,7 +269,7 @@ class Healer:
         if plans > self.seen:
             self.seen = plans
             plan = json.loads(self.store.get(f"heal/{plans}"))
-            self.plan = plan if step < plan["step"] else None
+            self.plan = plan if step <= plan["step"] else None
         if self.plan is None:
             return
         if step > self.plan["step"]:
@@ -195,9 +277,10 @@ class Healer:
         elif step == self.plan["step"]:
             plan, self.plan = self.plan, None
             self.healed_through = step
-            self._meet_and_heal(plan, step)
+            self._meet_and_heal(plan, step)  # before this check's fingerprints: they see the healed copies
 
-    def _meet_and_heal(self, plan: dict[str, Any], step: int) -> None:
+    def _meet_and_heal(self, plan: dict[str, Any], step: int) -> bool:
+        """Meet the other ranks at `step` and heal if every one came; True if it healed."""
         from syncdoctor.probe.fingerprint import combine, fingerprints
 
         key = f"heal/{plan['id']}"
@@ -228,7 +311,7 @@ class Healer:
             print(f"syncdoctor: rank {rank}: {message}", file=sys.stderr, flush=True)
             self.probe.writer.write("event", rank=rank, t=time.time(), step=step, event="heal", message=message,
                                     heal={**info, "status": "aborted", "reason": why})
-            return
+            return False
         t0 = time.perf_counter()
         sent = restore_from(plan["source"], self.probe.module, self.probe.optimizer, self.probe._named_params)
         seconds = time.perf_counter() - t0
@@ -241,6 +324,7 @@ class Healer:
         self.probe.writer.write("event", rank=rank, t=time.time(), step=step, event="heal", message=message,
                                 heal={**info, "status": "healed", "bytes": sent, "seconds": round(seconds, 6),
                                       "host": host})
+        return True
 
 
 def state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
