@@ -141,7 +141,9 @@ def cases(world_size: int) -> list[tuple[str, str, str, int, str | None]]:
         out.append((f"bit-flip-{variant}", "bit-flip", variant, 0, None))
         out.append((f"bit-flip-{variant}-heal", "bit-flip", variant, 0, "heal"))
     out += [(f"bit-flip-param-heal-s{s}", "bit-flip", "param", s, "heal") for s in (1, 2)]
+    out += [(f"bit-flip-param-s{s}", "bit-flip", "param", s, None) for s in (1, 2)]
     out += [(f"bit-flip-param-mid-heal-s{s}", "bit-flip", "param", s, "heal") for s in (0, 1, 2)]
+    out += [(f"bit-flip-param-mid-s{s}", "bit-flip", "param", s, None) for s in (0, 1, 2)]
     for fault in ("optimizer-state-mismatch", "skipped-step", "dropped-rank", "init-mismatch", "duplicate-rank-id"):
         out.append((f"{fault}-heal", fault, "", 0, "heal"))
     return out
@@ -195,10 +197,20 @@ def spread(root: Path) -> str:
     lines = [f"Clean baseline (4 ranks, seeds 0-2): final loss (mean over ranks, last {FINAL_STEPS} steps) "
              f"{min(losses):.4f}–{max(losses):.4f}, held-out accuracy {min(accs):.4f}–{max(accs):.4f}."]
     verdicts = []
-    for title, names in ((f"Flip at step {ONSET} (just before a check's update)",
-                          ["bit-flip-param-heal", "bit-flip-param-heal-s1", "bit-flip-param-heal-s2"]),
-                         (f"Flip at step {MID_ONSET} (right after a check: {CHECK_EVERY - 1} steps until the next)",
-                          [f"bit-flip-param-mid-heal-s{s}" for s in (0, 1, 2)])):
+
+    def plain(name: str | None) -> str:
+        row = rows.get(name or "")
+        if row is None:
+            return "—"
+        loss = final_loss_of(mean_loss_curve(root / row["case"]))
+        return f"{loss:.4f}, {row['accuracy_mean']:.4f}" if loss is not None and math.isfinite(loss) else "nan"
+
+    for title, names, unhealed in (
+            (f"Flip at step {ONSET} (just before a check's update)",
+             ["bit-flip-param-heal", "bit-flip-param-heal-s1", "bit-flip-param-heal-s2"],
+             ["bit-flip-param", "bit-flip-param-s1", "bit-flip-param-s2"]),
+            (f"Flip at step {MID_ONSET} (right after a check: {CHECK_EVERY - 1} steps until the next)",
+             [f"bit-flip-param-mid-heal-s{s}" for s in (0, 1, 2)], [f"bit-flip-param-mid-s{s}" for s in (0, 1, 2)])):
         healed = {s: rows.get(name) for s, name in enumerate(names)}
         if any(r is None for r in healed.values()):
             lines += ["", f"{title}: not measured yet"]
@@ -206,7 +218,7 @@ def spread(root: Path) -> str:
         lines += ["", title + ":", "",
                   "| seed | clean loss | clean accuracy | healed loss | healed accuracy | flip seen (step, ranks, "
                   "tensor) | healed at | every replica equal at every later check | bitwise the clean run's from "
-                  "| inside the clean spread |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| inside the clean spread | no heal: loss, accuracy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         holds = True
         for s in (0, 1, 2):
             c, h = clean[s], healed[s]
@@ -221,7 +233,8 @@ def spread(root: Path) -> str:
             lines.append(f"| {s} | {c['final_loss']:.4f} | {c['accuracy_mean']:.4f} | {h['final_loss']:.4f} | "
                          f"{h['accuracy_mean']:.4f} | {first.get('step')}, {first.get('ranks')}, "
                          f"{first.get('tensor')} | {', '.join(map(str, steps)) or '—'} | {'yes' if equal else 'NO'} | "
-                         f"{'step ' + str(since) if since is not None else 'never'} | {'yes' if inside else 'NO'} |")
+                         f"{'step ' + str(since) if since is not None else 'never'} | {'yes' if inside else 'NO'} | "
+                         f"{plain(unhealed[s] if s < len(unhealed) else None)} |")
         verdicts.append(f"{title}: {'inside the clean spread, replicas equal after the heal' if holds else 'NOT inside'}")
     return "\n".join([*lines, "", *verdicts])
 

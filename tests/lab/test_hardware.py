@@ -14,6 +14,7 @@ import pytest
 
 from syncdoctor.cli import main
 from syncdoctor.doctor.diagnose import diagnose
+from syncdoctor.lab.faults import FAULTS
 from syncdoctor.lab.plan import RankPlan
 from syncdoctor.lab.runner import LAB_CHECK_EVERY
 from syncdoctor.records import read_run
@@ -49,24 +50,36 @@ def test_bit_flip_on_rank_2_of_4_is_named_healed_and_trains_on(lab) -> None:
     assert sorted(e["rank"] for e in done) == [0, 1, 2, 3] and len({e["step"] for e in done}) == 1
     healed_at = done[0]["step"]
     assert done[0]["heal"]["odd"] == [2] and done[0]["heal"]["source"] != 2
+    assert healed_at == first["step"]  # decided at the check that saw it: the copy took no further step
     # Every replica bitwise equal to the others at every later check.
     later = (records.steps.filter(pl.col("param_fp").is_not_null() & (pl.col("step") > healed_at))
              .group_by("step").agg(pl.col("param_fp").n_unique().alias("k"), pl.len().alias("n")))
     assert later.height >= 3 and (later["k"] == 1).all() and (later["n"] == 4).all()
     assert all(c["status"] == "ok" for c in records.checks if c["step"] > healed_at)
-    # Trains on as the clean run does (the 3-seed spread is in docs/hardware.md).
+    # The flip lands just before the update of a check step and is healed at that check,
+    # so from the next check on the job is bitwise the clean run of the same seed (the
+    # lab is deterministic per seed): same loss, same accuracy (the 3-seed table and a
+    # flip mid-interval are in docs/hardware.md, from benchmarks/bitflip_effects.py).
     clean = lab("clean", world_size=4)
-    assert final_loss(run.out) <= 2 * final_loss(clean.out)
-    assert min(run.accuracy.values()) >= min(clean.accuracy.values()) - 0.015
+    fps = {out: read_run(out).steps.filter(pl.col("param_fp").is_not_null() & (pl.col("step") > healed_at))
+           .sort("step", "rank")["param_fp"].to_list() for out in (run.out, clean.out)}
+    assert fps[run.out] and fps[run.out] == fps[clean.out]
+    assert final_loss(run.out) == final_loss(clean.out) and run.accuracy == clean.accuracy
 
 
-def test_config_fault_under_heal_is_not_healed_and_diagnosed_as_before(lab) -> None:
-    run = lab("optimizer-state-mismatch", world_size=4, on_mismatch="heal")
+@pytest.mark.parametrize(("fault", "refusal"), [
+    ("optimizer-state-mismatch", "config differ"),  # a configuration bug
+    ("init-mismatch", "differ from the first check"),  # a seed bug
+    ("duplicate-rank-id", None),  # a data bug: the copies agree, nothing to heal or refuse
+])
+def test_a_bug_under_heal_is_not_healed_and_diagnosed_as_before(lab, fault: str, refusal: str | None) -> None:
+    run = lab(fault, world_size=4, on_mismatch="heal")
     assert not heals(run.out, "healed")
     refused = heals(run.out, "refused")
-    assert refused and any("config" in e["heal"]["reason"] for e in refused)
+    if refusal:
+        assert refused and any(refusal in e["heal"]["reason"] for e in refused)
     diag = diagnose([run.out])
-    assert diag.findings[0].category == "optim.state_mismatch"
+    assert diag.findings[0].category == FAULTS[fault].category
     assert "hardware.corruption" not in {f.category for f in diag.findings}
 
 
