@@ -162,7 +162,7 @@ def table(root: Path) -> str:
              f"accuracy {min(r['accuracy_min'] for r in clean):.3f}–{max(r['accuracy_mean'] for r in clean):.3f}.",
              "",
              "| case | on mismatch | first mismatch (step, ranks, what, tensor) | final loss | accuracy (min) "
-             "| max loss deviation vs clean s0 | replicas at the end | heal | doctor |",
+             "| max loss deviation vs the clean run of its seed | replicas at the end | heal | doctor |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["fault"] == "clean":
