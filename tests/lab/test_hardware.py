@@ -70,7 +70,8 @@ def test_bit_flip_on_rank_2_of_4_is_named_healed_and_trains_on(lab) -> None:
 @pytest.mark.parametrize(("fault", "refusal"), [
     ("optimizer-state-mismatch", "config differ"),  # a configuration bug
     ("init-mismatch", "differ from the first check"),  # a seed bug
-    ("duplicate-rank-id", None),  # a data bug: the copies agree, nothing to heal or refuse
+    # A data bug (duplicate-rank-id) leaves the copies equal: nothing for heal to act on;
+    # benchmarks/bitflip_effects.py measures it (SD201 under heal), not run here to spare CI a run.
 ])
 def test_a_bug_under_heal_is_not_healed_and_diagnosed_as_before(lab, fault: str, refusal: str | None) -> None:
     run = lab(fault, world_size=4, on_mismatch="heal")
