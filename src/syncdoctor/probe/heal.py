@@ -225,8 +225,10 @@ class Healer:
         acts on the same one: all heal now, or none does (after "late" the block is read
         at the next check as under "warn", and a plan is published for the check after)."""
         checker = self.checker
-        if checker.stopped or self.world_size < 3:
-            return
+        layout = checker.layout
+        if checker.stopped or self.world_size < 3 or (layout is not None and layout.sharded) \
+                or not self.probe.opt_state_replicated:
+            return  # nothing could be healed: the checks are read as under "warn" (and refusals recorded)
         number = (checker.count - 1) // checker.block + 1
         key = f"heal/b{number}"
         if self.store.add(f"{key}/n", 1) == self.world_size:
