@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import atexit
 import gc
+import importlib
 import os
 import sys
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -393,32 +395,71 @@ def _no_step_yet(at_exit: bool = False) -> None:
 
 
 # --------------------------------------------------------------------------- the patches
-def _patch_cell(nn: Any) -> None:
-    original = nn.Cell.__call__
-    if getattr(original, "_syncdoctor", False):
+def _class_in(module: str, name: str) -> Any:
+    """`module.name`, or None where this MindSpore version has no such thing."""
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except Exception:
+        return None
+
+
+def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+    """Replace `owner.name` by `make(original)`, once: a second install (or a second
+    import hook firing) finds the wrapper marked and leaves it."""
+    original = getattr(owner, name, None) if owner is not None else None
+    if original is None or getattr(original, "_syncdoctor", False):
         return
+    wrapper = make(original)
+    wrapper._syncdoctor = True  # type: ignore[attr-defined]
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(owner, name, wrapper)
+
+
+def _then(hook: Callable[[Any, Any], None]) -> Callable[[Any], Any]:
+    """A wrapper maker: the original runs, then `hook(self, its result)` under `_safe`."""
+    def make(original: Any) -> Any:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            out = original(self, *args, **kwargs)
+            _safe(hook, self, out)
+            return out
+        return wrapper
+    return make
+
+
+def _outer_call(kind: str, inner: Callable[[Any, tuple[Any, ...], Any], None] | None = None) -> Callable[[Any], Any]:
+    """A wrapper maker for a call into MindSpore (a Cell's or a jitted function's): the
+    initial fingerprint is taken before the first call after an optimizer was built;
+    `inner` sees every call, nested ones included; the outermost call may end a step."""
+    def make(original: Any) -> Any:
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if W.need_init and not W.depth:
+                _safe(take_init)
+            W.depth += 1
+            try:
+                out = original(self, *args, **kwargs)
+            finally:
+                W.depth -= 1
+            if inner is not None:
+                _safe(inner, self, args, out)
+            if W.depth == 0:
+                _safe(_after_outer_call, kind, self, args, out)
+            return out
+        return __call__
+    return make
+
+
+def _cell_call_watcher(nn: Any) -> Callable[[Any, tuple[Any, ...], Any], None]:
+    """What every Cell call is looked at for (PyNative): the reducer's input and output,
+    and an optimizer called inside a train cell (the gradients it was given)."""
     reducer_cls = getattr(nn, "DistributedGradReducer", None)
     optimizer_cls = nn.Optimizer
 
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if W.need_init and not W.depth:
-            _safe(take_init)
-        W.depth += 1
-        try:
-            out = original(self, *args, **kwargs)
-        finally:
-            W.depth -= 1
-        if reducer_cls is not None and isinstance(self, reducer_cls):
-            _safe(_saw_reducer, self, args, out)
-        elif W.depth and isinstance(self, optimizer_cls) and args:
+    def saw(cell: Any, args: tuple[Any, ...], out: Any) -> None:
+        if reducer_cls is not None and isinstance(cell, reducer_cls):
+            _saw_reducer(cell, args, out)
+        elif W.depth and isinstance(cell, optimizer_cls) and args:
             W.grads = args[0]  # optimizer(grads) inside a train cell run op by op (PyNative)
-        if W.depth == 0:
-            _safe(_after_outer_call, "cell", self, args, out)
-        return out
-
-    __call__._syncdoctor = True  # type: ignore[attr-defined]
-    __call__.__wrapped__ = original  # type: ignore[attr-defined]
-    nn.Cell.__call__ = __call__
+    return saw
 
 
 def _saw_reducer(reducer: Any, args: tuple[Any, ...], out: Any) -> None:
@@ -430,48 +471,9 @@ def _saw_reducer(reducer: Any, args: tuple[Any, ...], out: Any) -> None:
         W.grads_local, W.grads = args[0], out  # this rank's own gradients, and the reduced ones
 
 
-def _patch_jit() -> None:
-    try:
-        from mindspore.graph import api
-    except Exception:
+def _saw_optimizer(opt: Any, _: Any = None) -> None:
+    if any(ref() is opt for ref, _fp in W.optimizers):
         return
-    executor = getattr(api, "_JitExecutor", None)
-    if executor is None or getattr(executor.__call__, "_syncdoctor", False):
-        return
-    original = executor.__call__
-
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if W.need_init and not W.depth:
-            _safe(take_init)
-        W.depth += 1
-        try:
-            out = original(self, *args, **kwargs)
-        finally:
-            W.depth -= 1
-        if W.depth == 0:
-            _safe(_after_outer_call, "jit", self, args, out)
-        return out
-
-    __call__._syncdoctor = True  # type: ignore[attr-defined]
-    __call__.__wrapped__ = original  # type: ignore[attr-defined]
-    executor.__call__ = __call__
-
-
-def _patch_optimizer(nn: Any) -> None:
-    original = nn.Optimizer.__init__
-    if getattr(original, "_syncdoctor", False):
-        return
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        if not any(ref() is self for ref, _ in W.optimizers):
-            _safe(_saw_optimizer, self)
-
-    __init__._syncdoctor = True  # type: ignore[attr-defined]
-    nn.Optimizer.__init__ = __init__
-
-
-def _saw_optimizer(opt: Any) -> None:
     W.optimizers.append((weakref.ref(opt), None))
     W.cell_opt.clear()  # cells seen before may contain this one
     W.need_init = True
@@ -484,25 +486,6 @@ def take_init() -> None:
     W.need_init = False
     W.optimizers = [(ref, fp if fp is not None else combine([array_fingerprint(p.asnumpy()) for p in ref().parameters]))
                     for ref, fp in W.optimizers if ref() is not None]
-
-
-def _patch_iterator() -> None:
-    try:
-        from mindspore.dataset.engine import iterators
-    except Exception:
-        return
-    cls = iterators.Iterator
-    if getattr(cls.__next__, "_syncdoctor", False):
-        return
-    original = cls.__next__
-
-    def __next__(self: Any) -> Any:
-        batch = original(self)
-        _safe(_saw_batch, self, batch)
-        return batch
-
-    __next__._syncdoctor = True  # type: ignore[attr-defined]
-    cls.__next__ = __next__
 
 
 def _saw_batch(iterator: Any, batch: Any) -> None:
@@ -533,34 +516,13 @@ def _saw_batch(iterator: Any, batch: Any) -> None:
             _no_step_yet()
 
 
-def _patch_scaler() -> None:
-    try:
-        from mindspore import amp
-    except Exception:
-        return
-    cls = getattr(amp, "DynamicLossScaler", None)
-    if cls is None or getattr(cls.__init__, "_syncdoctor", False):
-        return
-    original = cls.__init__
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        W.scaler = weakref.ref(self)
-
-    __init__._syncdoctor = True  # type: ignore[attr-defined]
-    cls.__init__ = __init__
+def _saw_scaler(scaler: Any, _: Any = None) -> None:
+    W.scaler = weakref.ref(scaler)
 
 
-def _patch_model_train() -> None:
+def _model_train(original: Any) -> Any:
+    """Model.train with the recording callback added (unless the script added it)."""
     from syncdoctor.probe import mindspore as msprobe
-
-    try:
-        from mindspore.train.model import Model
-    except Exception:
-        return
-    if getattr(Model.train, "_syncdoctor", False):
-        return
-    original = Model.train
 
     def train(self: Any, epoch: int, train_dataset: Any, callbacks: Any = None, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -578,9 +540,7 @@ def _patch_model_train() -> None:
         finally:
             W.in_model_train = False
 
-    train._syncdoctor = True  # type: ignore[attr-defined]
-    train.__wrapped__ = original  # type: ignore[attr-defined]
-    Model.train = train
+    return train
 
 
 def install() -> bool:
@@ -591,15 +551,16 @@ def install() -> bool:
         return True
     from mindspore import nn
 
-    _patch_model_train()
-    _patch_cell(nn)
-    _patch_jit()
-    _patch_optimizer(nn)
-    _patch_iterator()
+    _patch(_class_in("mindspore.train.model", "Model"), "train", _model_train)
+    _patch(nn.Cell, "__call__", _outer_call("cell", _cell_call_watcher(nn)))
+    _patch(_class_in("mindspore.graph.api", "_JitExecutor"), "__call__", _outer_call("jit"))
+    _patch(nn.Optimizer, "__init__", _then(_saw_optimizer))
+    _patch(_class_in("mindspore.dataset.engine.iterators", "Iterator"), "__next__", _then(_saw_batch))
     from syncdoctor.probe import boot
 
     # mindspore.amp is imported after mindspore.train by the package: patch it when it is.
-    boot.when_imported("mindspore.amp", lambda: _safe(_patch_scaler))
+    boot.when_imported("mindspore.amp", lambda: _safe(
+        _patch, _class_in("mindspore.amp", "DynamicLossScaler"), "__init__", _then(_saw_scaler)))
     W.installed = True
     atexit.register(lambda: _safe(_no_step_yet, True))
     return True
