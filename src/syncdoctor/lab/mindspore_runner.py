@@ -39,19 +39,23 @@ def find_msrun(python: str | None = None) -> list[str]:
     return [str(exe), "-m", "mindspore.parallel.cluster.run"]
 
 
-def pids_naming(marker: str) -> list[int]:
-    """Pids of live processes whose command line contains `marker` (the plan directory)."""
+def pids_naming(marker: str, env: str | None = None) -> list[int]:
+    """Pids of live processes whose command line contains `marker` (the plan directory),
+    or, with `env` ("NAME=value"), whose environment holds that exact entry: msrun starts
+    a user's workers as `python train.py`, whose command line names no run folder, but
+    each inherits `syncdoctor run`'s SYNCDOCTOR_RUN_DIR."""
     out = []
     me = os.getpid()
+    wanted = env.encode() if env else None
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+            if marker in cmdline or (wanted and wanted in (entry / "environ").read_bytes().split(b"\0")):
+                out.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to read
             continue
-        if marker in cmdline:
-            out.append(int(entry.name))
     return out
 
 
@@ -62,16 +66,17 @@ def _kill_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _sweep(marker: str, deadline_s: float = 5.0) -> list[int]:
-    """SIGKILL every process of this run still alive; returns the pids that had survived."""
-    survivors = pids_naming(marker)
+def _sweep(marker: str, deadline_s: float = 5.0, env: str | None = None) -> list[int]:
+    """SIGKILL every process of this run still alive (see pids_naming); returns the pids
+    that had survived."""
+    survivors = pids_naming(marker, env)
     for pid in survivors:
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
     end = time.monotonic() + deadline_s
-    while time.monotonic() < end and pids_naming(marker):
+    while time.monotonic() < end and pids_naming(marker, env):
         time.sleep(0.1)
     return survivors
 

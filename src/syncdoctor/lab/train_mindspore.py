@@ -34,8 +34,8 @@ import mindspore.dataset as ds
 import numpy as np
 from mindspore import nn, ops
 from mindspore.communication import get_group_size, get_rank, init
-from sklearn.datasets import load_digits
 
+from syncdoctor.lab.digits import load_digits_arrays
 from syncdoctor.lab.plan import RankPlan
 from syncdoctor.probe.mindspore_auto import report, skipped
 
@@ -110,9 +110,9 @@ grad_reducer = nn.DistributedGradReducer(optimizer.parameters)  # mean from grad
 
 # -----------------------------------------------------------------------------
 # data: the digits set scikit-learn ships; the held-out split is fixed for all ranks
-digits = load_digits()
-images = (digits.images / 16.0).astype(np.float32)[:, None]  # N×1×8×8
-labels = digits.target.astype(np.int32)
+digit_images, digit_labels = load_digits_arrays()  # scikit-learn's file, without importing it (seconds of CPU)
+images = (digit_images / 16.0).astype(np.float32)[:, None]  # N×1×8×8
+labels = digit_labels.astype(np.int32)
 split = np.random.default_rng(12345).permutation(len(labels))
 test_ids, train_ids = split[:360], split[360:]
 shard_id = rank if plan.shard_id is None else plan.shard_id
