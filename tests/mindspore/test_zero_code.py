@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ZERO_CODE  # type: ignore[import-not-found]
+from conftest import ZERO_CODE, run_dir_entry  # type: ignore[import-not-found]
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow, pytest.mark.timeout(3000)]
 
@@ -51,7 +51,7 @@ def test_every_rank_records_and_nothing_survives(ms_jobs, name: str) -> None:
         log = (Path(run["dir"]) / "logs" / f"rank{rank}.log").read_text(errors="replace")
         style = ZERO_CODE[name]["STYLE"]
         assert f"syncdoctor: probe attached on rank {rank} {STYLE_LINE[style]}" in log
-    assert run["survivors"] == [] and pids_naming(str(run["dir"])) == []
+    assert run["survivors"] == [] and pids_naming(str(run["dir"]), env=run_dir_entry(run["dir"])) == []
 
 
 @pytest.mark.parametrize("style", [*STYLES, "cell-graph", "jit"])
@@ -93,13 +93,18 @@ def test_graph_mode_and_jitted_step_name_all_three_faults(ms_jobs, style: str) -
 
 
 def test_functional_style_measures_the_reduction(ms_jobs) -> None:
-    """PyNative: the reducer's input (local gradients) and output are reachable."""
+    """PyNative: the reducer's input (local gradients) and output are reachable, and
+    summing (gradients_mean=False) doubles the reduced gradient on 2 ranks."""
     def ratios(name: str) -> list[float]:
         lines = records(ms_jobs.get(name))[0]
         return sorted(x["reduce_ratio"] for x in lines if x["kind"] == "step" and "reduce_ratio" in x)
 
     clean, summed = ratios("zc-functional-clean"), ratios("zc-functional-summed")
     assert clean and summed and 1.6 < summed[len(summed) // 2] / clean[len(clean) // 2] < 2.5
+    recs = records(ms_jobs.get("zc-functional-summed"))
+    assert recs[0][0]["ddp"]["gradients_mean"] is False
+    fps = [{x["step"]: x["param_fp"] for x in recs[r] if x["kind"] == "step" and "param_fp" in x} for r in (0, 1)]
+    assert fps[0] and fps[0] == fps[1]  # summed on every rank alike: the replicas still agree
 
 
 def test_no_step_seen_says_how_to_fix(tmp_path: Path) -> None:
