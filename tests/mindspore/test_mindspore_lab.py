@@ -115,6 +115,10 @@ def test_graph_mode_parameter_broadcast_hides_missing_seed(runs: dict[str, Any])
     assert snaps[0]["init_param_fp"] is None  # (what the broadcast replaced is the local one)
     assert snaps[0]["ddp"]["parameter_broadcast"] is True and snaps[0]["ddp"]["mode"] == "GRAPH"
     assert first_diff(run, "param_fp") is None  # ...and broadcast at the first graph compile
+    from syncdoctor.doctor.diagnose import diagnose
+
+    diag = diagnose([run["dir"]])  # the broadcast is the fix: a healthy GRAPH-mode run
+    assert diag.verdict == "healthy", [(f.code, f.severity, f.evidence) for f in diag.findings]
 
 
 def test_unseeded_shuffle_overlaps_shards(runs: dict[str, Any]) -> None:
@@ -234,7 +238,7 @@ def test_probe_imports_without_torch() -> None:
 
 # ----------------------------------------------------------------------------- the doctor
 # fp16 without scaling changes nothing measurable on this model (see its `measured`),
-# and GRAPH-mode broadcast is the fix, not a fault: neither has a root cause to find.
+# and GRAPH-mode broadcast is the fix, not a fault (healthy, above).
 # uneven-drop: with whole batches only, the two ranks' step records look alike until the
 # longer rank's last AllReduce fails; the snapshots' shard sizes tell them apart (SD304).
 DIAGNOSED = [n for n in LAB if n not in ("init-graph-broadcast", "fp16-no_scaling")]
