@@ -32,7 +32,7 @@ else
     # just that, once, instead of in every rank process at its first start.
     .venv/bin/python -m pip install -q --no-compile "$TORCH" -e ".[lab]"
     # (env -u: a shell with PYTHONDONTWRITEBYTECODE=1 would keep nothing of it.)
-    env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "import torch.distributed, torch.nn.parallel, sklearn.datasets, syncdoctor.probe, syncdoctor.lab.runner, syncdoctor.doctor.diagnose, syncdoctor.doctor.report"
+    env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "import torch.distributed, torch.nn.parallel, syncdoctor.probe, syncdoctor.lab.runner, syncdoctor.doctor.diagnose, syncdoctor.doctor.report"
 fi
 echo "syncdoctor set up in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
 if [ "$TEST" = 0 ]; then

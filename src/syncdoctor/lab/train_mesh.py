@@ -25,10 +25,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from syncdoctor.lab.digits import load_digits_arrays
 
 FAULTS = {
     "none": "healthy",
@@ -69,9 +70,9 @@ else:
 
 # -----------------------------------------------------------------------------
 # data: the digits set scikit-learn ships, 64 features per image
-digits = load_digits()
-features = torch.tensor(digits.data / 16.0, dtype=torch.float32)
-labels = torch.tensor(digits.target, dtype=torch.long)
+digit_images, digit_labels = load_digits_arrays()  # scikit-learn's file, without importing it
+features = torch.tensor(digit_images.reshape(len(digit_labels), 64) / 16.0, dtype=torch.float32)
+labels = torch.tensor(digit_labels, dtype=torch.long)
 train_ids = np.random.default_rng(12345).permutation(len(labels))[360:]
 
 

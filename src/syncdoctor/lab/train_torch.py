@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import syncdoctor
+from syncdoctor.lab.digits import load_digits_arrays
 from syncdoctor.lab.plan import RankPlan
 
 FP16_MAX = 65504.0
@@ -52,9 +52,9 @@ if plan.dropped_rank is not None:
 
 # -----------------------------------------------------------------------------
 # data: the digits set scikit-learn ships; the held-out split is fixed for all ranks
-digits = load_digits()
-images = torch.tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)  # N×1×8×8
-labels = torch.tensor(digits.target, dtype=torch.long)
+digit_images, digit_labels = load_digits_arrays()  # scikit-learn's file, without importing it (seconds of CPU)
+images = torch.tensor(digit_images / 16.0, dtype=torch.float32).unsqueeze(1)  # N×1×8×8
+labels = torch.tensor(digit_labels, dtype=torch.long)
 split = np.random.default_rng(12345).permutation(len(labels))
 test_ids, train_ids = split[:360], split[360:]
 
