@@ -189,7 +189,10 @@ def test_rank_crash_ends_every_rank_with_the_real_errors_in_bounded_time(lab) ->
     crashed = (result.out / "train.log1").read_text()
     assert "can't allocate memory" in crashed
     survivor = (result.out / "train.log0").read_text()
-    assert "Connection closed by peer" in survivor or "Connection reset" in survivor
+    # gloo's words for the lost peer depend on which wait noticed it first (on a loaded
+    # machine its own timeout can close the pair before the closed socket is seen).
+    assert any(words in survivor for words in ("Connection closed by peer", "Connection reset",
+                                               "Application timeout caused pair closure")), survivor[-2000:]
 
 
 def test_comm_timeout_produces_the_real_timeout_error(lab) -> None:
