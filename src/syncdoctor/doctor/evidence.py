@@ -137,10 +137,6 @@ class Evidence:
 
     # ------------------------------------------------------------------ loss curves
     @cached_property
-    def chance_loss(self) -> float | None:
-        return None
-
-    @cached_property
     def rank_shapes(self) -> list[LossShape]:
         out = []
         for (rank,), part in self.losses.group_by(["rank"], maintain_order=True):

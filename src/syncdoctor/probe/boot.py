@@ -25,12 +25,16 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-RUN_DIR_ENV = "SYNCDOCTOR_RUN_DIR"
-AUTO_ENV = "SYNCDOCTOR_AUTO"  # "1" in processes started by `syncdoctor run`
-RANK_PID_ENV = "SYNCDOCTOR_RANK_PID"  # pid of the rank process; children inherit it
-CHECK_EVERY_ENV = "SYNCDOCTOR_CHECK_EVERY"
-ON_MISMATCH_ENV = "SYNCDOCTOR_ON_MISMATCH"
-DISABLE_ENV = "SYNCDOCTOR_DISABLE"
+from syncdoctor.settings import (  # the names cli.py and the lab set through boot
+    AUTO_ENV,
+    CHECK_EVERY_ENV,
+    DISABLE_ENV,
+    ON_MISMATCH_ENV,
+    RANK_PID_ENV,
+    RUN_DIR_ENV,
+)
+
+__all__ = ["AUTO_ENV", "CHECK_EVERY_ENV", "DISABLE_ENV", "ON_MISMATCH_ENV", "RANK_PID_ENV", "RUN_DIR_ENV"]
 TEE_WAIT_S = 2.0  # at exit, how long a rank waits for its tee to drain
 
 # The tee process. -I -S: no site, no user paths, so it starts in ≈15 ms and imports

@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch.distributed as dist
 
+from syncdoctor import settings
 from syncdoctor.probe.heal import Healer, block_for
 from syncdoctor.probe.mesh import MAX_CLASSES
+from syncdoctor.records import contract
 from syncdoctor.records.compare import majority_outliers
 
 if TYPE_CHECKING:
@@ -65,8 +67,7 @@ LABEL = {"param": "parameter", "opt": "optimizer state", "grad": "reduced gradie
          "mode": "train/eval mode", "data": "duplicate data"}
 
 
-class SyncMismatchError(RuntimeError):
-    """Raised into training only when the user chose on_mismatch='raise'."""
+SyncMismatchError = settings.SyncMismatchError  # one type for both probes (syncdoctor/settings.py)
 
 
 def config_fingerprint(snapshot: dict[str, Any]) -> int:
@@ -411,7 +412,7 @@ class CrossRankCheck:
         detail: dict[str, Any] = {"first_step": first_step, "checks": checks}
         if buffers_differ_unsynced:
             detail["buffers_differ_unsynced"] = True
-        self.probe.writer.write("check", rank=self.rank, step=step, status="ok", what=[], ranks=[], tensor=None,
+        self.probe.writer.write(contract.KIND_CHECK, rank=self.rank, step=step, status="ok", what=[], ranks=[], tensor=None,
                                 detail=detail)
 
     def _block_is_clean(self, table: np.ndarray) -> bool:
@@ -453,7 +454,7 @@ class CrossRankCheck:
         if "param" in what:
             first = next((g for g in groups if "param" in g["what"]), None)
             tensor = self._first_tensor([row[1 + WIDTH :] for row in rows], first)
-        self.probe.writer.write("check", rank=self.rank, step=step, status="mismatch", what=what, ranks=ranks,
+        self.probe.writer.write(contract.KIND_CHECK, rank=self.rank, step=step, status="mismatch", what=what, ranks=ranks,
                                 tensor=tensor, detail=detail)
         verdict = {"index": index, "step": step, "what": what, "ranks": ranks, "tensor": tensor,
                    "detail": detail, "reader": self.rank}
@@ -496,7 +497,7 @@ class CrossRankCheck:
             verdict = json.loads(self.store.get(f"verdict/{self.verdicts_seen}"))
             if verdict["reader"] == self.rank:
                 continue
-            self.probe.writer.write("check", rank=self.rank, step=verdict["step"], status="mismatch",
+            self.probe.writer.write(contract.KIND_CHECK, rank=self.rank, step=verdict["step"], status="mismatch",
                                     what=verdict["what"], ranks=verdict["ranks"], tensor=verdict["tensor"],
                                     detail={**verdict["detail"], "reader": verdict["reader"]})
             self._report(verdict)
@@ -537,7 +538,7 @@ class CrossRankCheck:
             return
         self.stopped = True
         self.due.clear()
-        self.probe.writer.write("check", rank=self.rank, step=step, status="incomplete", what=[],
+        self.probe.writer.write(contract.KIND_CHECK, rank=self.rank, step=step, status="incomplete", what=[],
                                 ranks=detail.get("missing", []), tensor=None, detail=detail)
         print(f"syncdoctor: rank {self.rank}: cross-rank check at step {step} could not complete: {why}; "
               "checks stopped", file=sys.stderr, flush=True)

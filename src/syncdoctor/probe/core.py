@@ -31,27 +31,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from syncdoctor.probe.check import (
-    CrossRankCheck,
-    SyncMismatchError,
-    config_fingerprint,
-    groups_fingerprint,
-)
+from syncdoctor import settings
+from syncdoctor.probe.check import CrossRankCheck, config_fingerprint, groups_fingerprint
 from syncdoctor.probe.fingerprint import ViewCache, combine, fingerprints, ids_fingerprint
 from syncdoctor.probe.mesh import layout_of, local_shard
 from syncdoctor.probe.snapshot import build_snapshot
+from syncdoctor.records import contract
 from syncdoctor.records.constants import MAX_IDS, SCHEMA_VERSION
 from syncdoctor.records.writer import RecordWriter
+from syncdoctor.settings import DEFAULT_CHECK_EVERY, DEFAULT_RUN_DIR, SyncMismatchError
 
 log = logging.getLogger("syncdoctor")
 _active: list[Probe] = []
+__all__ = ["DEFAULT_CHECK_EVERY", "DEFAULT_RUN_DIR", "NullProbe", "Probe", "SyncMismatchError", "attach"]
 
-# The default K. A check costs ~0.5 ms in the training loop of a 100k-parameter MLP
-# here (whatever the model: the parameter bytes are a small part of it), 10 us a step
-# at K=50, about half of the every-step record (benchmarks/bench_probe.py).
-DEFAULT_CHECK_EVERY = 50
 DETAIL_EVERY = 100  # the full state and the diagnostics: at least this many steps apart
-DEFAULT_RUN_DIR = "syncdoctor_run"
 CLOSE_WAIT_S = 5.0  # at close, the last check's wait: the end of a run must not hang on it
 LAST_LOSSES = 32  # recent losses kept for the evidence bundle
 
@@ -85,10 +79,10 @@ class Probe:
         auto: bool = False,
         baseline: dict[str, Any] | None = None,
     ) -> None:
-        on_mismatch = on_mismatch or os.environ.get("SYNCDOCTOR_ON_MISMATCH") or "warn"
-        if on_mismatch not in ("warn", "dump", "raise", "heal"):
+        on_mismatch = on_mismatch or os.environ.get(settings.ON_MISMATCH_ENV) or "warn"
+        if on_mismatch not in settings.ON_MISMATCH_CHOICES:
             raise ValueError("on_mismatch must be 'warn', 'dump', 'raise' or 'heal'")
-        self.run_dir = Path(run_dir or os.environ.get("SYNCDOCTOR_RUN_DIR", DEFAULT_RUN_DIR))
+        self.run_dir = Path(run_dir or os.environ.get(settings.RUN_DIR_ENV) or DEFAULT_RUN_DIR)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else int(os.environ.get("RANK", 0))
         self.world_size = dist.get_world_size() if self.distributed else int(os.environ.get("WORLD_SIZE", 1))
@@ -97,7 +91,7 @@ class Probe:
         self.optimizer: torch.optim.Optimizer | None = None
         self.loss_fn, self.loader, self.global_batch = loss_fn, loader, global_batch
         self.baseline = baseline  # the single-card recipe (lr, batch_size), for the doctor
-        self.check_every = max(1, int(check_every or os.environ.get("SYNCDOCTOR_CHECK_EVERY") or DEFAULT_CHECK_EVERY))
+        self.check_every = settings.check_every_from_env(check_every)
         self.detail_every = self.check_every * math.ceil(DETAIL_EVERY / self.check_every)
         self.tensor_norms_every = tensor_norms_every or self.detail_every * 5
         self.activations_every = activations_every
@@ -128,7 +122,7 @@ class Probe:
         self._local_norms: dict[int, torch.Tensor] = {}  # per-parameter local (pre-reduce) grad norms
         self._local_norm_handles: list[Any] = []
         self._buffer_fp: int | None = None
-        self._acts: list[list[Any]] = []
+        self._acts: list[dict[str, Any]] = []
         self.last_tensor_fps: list[int] = []  # per parameter, at the last check: to name the first that differs
         self._recent_losses: list[float | None] = [None] * LAST_LOSSES  # by step % LAST_LOSSES
         self.last_grad_norm: float | None = None
@@ -188,13 +182,13 @@ class Probe:
         if self.init_param_fp_local is not None:
             snapshot["init_param_fp_local"] = self.init_param_fp_local
         self._config_fp = config_fingerprint(snapshot)
-        self.writer.write("snapshot", **snapshot, check_every=self.check_every, auto=self.auto,
+        self.writer.write(contract.KIND_SNAPSHOT, **snapshot, check_every=self.check_every, auto=self.auto,
                           baseline=self.baseline)
         if self.distributed and self.world_size > 1:
             try:
                 self.checker = CrossRankCheck(self, timeout_s=self.check_timeout_s())
             except Exception as exc:  # no store to reach: records without the live check
-                self.writer.write("event", rank=self.rank, t=time.time(), step=0, event="check_unavailable",
+                self.writer.write(contract.KIND_EVENT, rank=self.rank, t=time.time(), step=0, event="check_unavailable",
                                   message=f"live cross-rank check unavailable: {type(exc).__name__}: {exc}")
 
     def check_timeout_s(self) -> float:
@@ -203,7 +197,7 @@ class Probe:
         set, under `syncdoctor run`."""
         if self._check_timeout_s:
             return float(self._check_timeout_s)
-        env = os.environ.get("SYNCDOCTOR_CHECK_TIMEOUT")
+        env = os.environ.get(settings.CHECK_TIMEOUT_ENV)
         return float(env) if env else 60.0
 
     def _install_model_hooks(self) -> None:
@@ -292,7 +286,7 @@ class Probe:
         try:
             if self.checker is not None:
                 self.checker.finish(min(CLOSE_WAIT_S, self.checker.timeout_s))
-            self.writer.write("end", rank=self.rank, step=self.step, t=time.time(), status=status,
+            self.writer.write(contract.KIND_END, rank=self.rank, step=self.step, t=time.time(), status=status,
                               message=message[:2000])
         except Exception:
             pass
@@ -349,7 +343,8 @@ class Probe:
             every = self.activations_every or 0
             if every and (self.step + 1) % every == 0 and isinstance(output, torch.Tensor):
                 o = output.detach().float()
-                self._acts.append([name, o.mean().item(), o.std().item() if o.numel() > 1 else 0.0])
+                self._acts.append({"name": name, "mean": o.mean().item(),
+                                   "std": o.std().item() if o.numel() > 1 else 0.0})
 
         return hook
 
@@ -399,7 +394,7 @@ class Probe:
         data_fps, samples = (self._data_fps, self._samples) if self._data_fps else (self._input_fps, self._input_samples)
         # Optional fields that have no value are left out (absent reads as null).
         record: dict[str, Any] = {
-            "v": SCHEMA_VERSION, "kind": "step", "rank": self.rank, "step": step, "micro": micro,
+            "v": SCHEMA_VERSION, "kind": contract.KIND_STEP, "rank": self.rank, "step": step, "micro": micro,
             "backward": self.backward, "opt_steps": self.opt_steps, "t": now, "loss": loss, "lr": lr,
         }
         if data_fps:
@@ -412,6 +407,8 @@ class Probe:
             record["overflow"] = True
         if self._ids:
             record["ids"] = self._ids
+        if self._acts:  # the steps activations_every picks, whether measured or not
+            record["acts"] = self._acts
         measured = self._measuring
         if measured:
             if self.checker is not None and self.checker.healer is not None:
@@ -499,8 +496,6 @@ class Probe:
             out["grad_norm_local"] = local
             if out.get("grad_norm") is not None and local > 0:
                 out["reduce_ratio"] = out["grad_norm"] / local
-        if self._acts:
-            out["acts"] = self._acts
         self.last_tensor_fps = tensor_fps
         return out
 
@@ -532,13 +527,7 @@ class Probe:
         return [combine(values) for values in layout.per_class(fps)]
 
     def _train_mode(self) -> str:
-        """"n/m" modules in train mode; when they are mixed, a hex bitmap of which."""
-        modes = [m.training for m in self._modules]
-        n = sum(modes)
-        if 0 < n < len(modes):
-            bits = int("".join("1" if m else "0" for m in modes), 2)
-            return f"{n}/{len(modes)}:{bits:x}"
-        return f"{n}/{len(modes)}"
+        return contract.train_mode([m.training for m in self._modules])
 
     def _guard(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -552,7 +541,7 @@ class Probe:
     def _disable(self, exc: Exception) -> None:
         self.disabled = True
         try:
-            self.writer.write("event", rank=self.rank, t=time.time(), step=self.step,
+            self.writer.write(contract.KIND_EVENT, rank=self.rank, t=time.time(), step=self.step,
                               event="exception", message=f"probe disabled: {type(exc).__name__}: {exc}")
             print(f"syncdoctor: probe disabled on rank {self.rank}: {type(exc).__name__}: {exc}",
                   file=sys.stderr)
@@ -628,7 +617,7 @@ def attach(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = Non
     """Attach the probe in one line; see Probe for the options. Under `syncdoctor run`
     the model is usually watched already: that probe is returned (and bound to
     `optimizer`), so a script may call attach and still run zero-code."""
-    if not enabled or os.environ.get("SYNCDOCTOR_DISABLE"):
+    if not enabled or os.environ.get(settings.DISABLE_ENV):
         return NullProbe()
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     optimizer = unwrap_optimizer(optimizer)

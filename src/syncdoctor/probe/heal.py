@@ -62,6 +62,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from syncdoctor import settings
 from syncdoctor.records.compare import agreement
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ class Healer:
         self.healed_after = 0  # the check a heal followed at once (after_post): the next check sees the healed state
         self.refusals: set[str] = set()
         self.host = socket.gethostname()
-        self.wait_s = float(os.environ.get("SYNCDOCTOR_HEAL_WAIT_S") or HEAL_WAIT_S)
+        self.wait_s = float(os.environ.get(settings.HEAL_WAIT_ENV) or HEAL_WAIT_S)
         self.post_wait_s = min(HEAL_POST_WAIT_S, self.wait_s)
         self.deciding = False  # reading a block at the check that posted it (after_post)
         self.candidate: dict[str, Any] | None = None  # the heal that read would plan

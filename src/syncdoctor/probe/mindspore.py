@@ -19,30 +19,26 @@ training: every public entry point catches everything and records it as an event
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
-import random
-import socket
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-import syncdoctor
+from syncdoctor import settings
 from syncdoctor.probe.fingerprint_np import array_fingerprint, combine, ids_fingerprint
+from syncdoctor.probe.snapshot_common import build_common_snapshot, public_scalars
+from syncdoctor.records import contract
 from syncdoctor.records.compare import majority_outliers
 from syncdoctor.records.constants import MAX_IDS
 from syncdoctor.records.writer import RecordWriter
+from syncdoctor.settings import DEFAULT_RUN_DIR, RUN_DIR_ENV, SyncMismatchError
 
-_ENV_PREFIXES = ("HCCL_", "MS_", "ASCEND_", "GLOG_", "MASTER_", "NCCL_", "OMPI_COMM_WORLD_")
-_ENV_NAMES = {"RANK_ID", "RANK_SIZE", "DEVICE_ID", "RANK_TABLE_FILE", "MINDSPORE_HCCL_CONFIG_PATH",
-              "OMP_NUM_THREADS", "PYTHONHASHSEED", "HOSTNAME", "RANK", "WORLD_SIZE", "LOCAL_RANK"}
-_SCALARS = (int, float, str, bool, type(None))
+__all__ = ["MindSporeProbe", "SyncDoctorCallback", "SyncMismatchError", "install_autoattach",
+           "install_lazy_autoattach"]
 _DEFAULT_DATASET_SEED = 5489  # mindspore.dataset's seed when nobody set one (measured, 2.10)
-RUN_DIR_ENV = "SYNCDOCTOR_RUN_DIR"
 
 
 def _ms() -> Any:
@@ -76,31 +72,6 @@ def _float(value: Any) -> float | None:
         return None
 
 
-def _sha256(path: str) -> str | None:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
-def _user_files() -> dict[str, str]:
-    """The user's own imported sources (not stdlib, site-packages or syncdoctor)."""
-    import sysconfig
-
-    skip = tuple(p for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
-                             sysconfig.get_paths()["platlib"], sys.prefix, sys.base_prefix} if p)
-    own = str(Path(syncdoctor.__file__).parent)
-    out: dict[str, str] = {}
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if not path or not path.endswith(".py") or path.startswith(skip) or path.startswith(own):
-            continue
-        digest = _sha256(path)
-        if digest:
-            out[os.path.relpath(path)] = digest
-    return dict(sorted(out.items()))
-
-
 def _cell_hparams(cell: Any) -> dict[str, Any]:
     """Public scalar attributes a user set on a Cell (a loss's margins, gammas, ...)."""
     if cell is None:
@@ -111,8 +82,7 @@ def _cell_hparams(cell: Any) -> dict[str, Any]:
         internal = set(vars(nn.Cell()).keys())
     except Exception:
         internal = set()
-    return {k: v for k, v in vars(cell).items()
-            if not k.startswith("_") and k not in internal and isinstance(v, _SCALARS)}
+    return public_scalars(cell, internal)
 
 
 def _size(param: Any) -> int:
@@ -197,7 +167,7 @@ class MindSporeProbe:
 
     def __init__(self, network: Any, optimizer: Any = None, run_dir: str | os.PathLike[str] | None = None,
                  *, loss_fn: Any = None, dataset: Any = None, grad_reducer: Any = None,
-                 loss_scaler: Any = None, global_batch: int | None = None, check_every: int | None = 10,
+                 loss_scaler: Any = None, global_batch: int | None = None, check_every: int | None = None,
                  on_mismatch: str = "warn", extra: dict[str, Any] | None = None, enabled: bool = True,
                  params: list[Any] | None = None, mode_cells: list[Any] | None = None,
                  init_param_fp: int | None = None, auto: bool = False) -> None:
@@ -206,7 +176,7 @@ class MindSporeProbe:
         updates), `mode_cells` and the `init_param_fp` taken when the optimizer was built."""
         self.enabled = enabled
         self.network, self.optimizer, self.loss_fn = network, optimizer, loss_fn
-        self.check_every = check_every or 0
+        self.check_every = settings.check_every_from_env(check_every)
         self.on_mismatch = on_mismatch
         self.auto = auto
         self.step = 0
@@ -223,7 +193,7 @@ class MindSporeProbe:
             return
         try:
             self.rank, self.world_size = rank_and_size()
-            run_dir = run_dir or os.environ.get(RUN_DIR_ENV) or "syncdoctor_run"
+            run_dir = run_dir or os.environ.get(RUN_DIR_ENV) or DEFAULT_RUN_DIR
             self.writer = RecordWriter(run_dir, self.rank)
             self._params = list(params) if params is not None else list(network.trainable_params())
             ids = {id(p) for p in self._params}
@@ -247,7 +217,7 @@ class MindSporeProbe:
     # -- records -------------------------------------------------------------------
     def _event(self, event: str, message: str) -> None:
         if self.writer is not None:
-            self.writer.write("event", rank=getattr(self, "rank", 0), t=time.time(), step=self.step,
+            self.writer.write(contract.KIND_EVENT, rank=getattr(self, "rank", 0), t=time.time(), step=self.step,
                               event=event, message=message[:2000])
 
     def _snapshot(self, dataset: Any, grad_reducer: Any, loss_scaler: Any, global_batch: int | None,
@@ -255,7 +225,6 @@ class MindSporeProbe:
         ms = _ms()
         import mindspore.dataset as ds
 
-        entry = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
         ddp = _parallel_info()
         if grad_reducer is not None:
             ddp["wrapper"] = type(grad_reducer).__name__
@@ -277,31 +246,21 @@ class MindSporeProbe:
             groups.append(group)
         loader = dataset_info(dataset)
         loader.update(extra.pop("loader", {}))
-        snapshot = {
-            "rank": self.rank, "world_size": self.world_size,
-            "local_rank": int(os.environ.get("DEVICE_ID", self.rank) or 0),
-            "framework": "mindspore", "host": socket.gethostname(), "pid": os.getpid(), "t": time.time(),
-            "env": {k: v for k, v in os.environ.items() if k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)},
-            "versions": {"python": platform.python_version(), "mindspore": ms.__version__,
-                         "numpy": np.__version__, "syncdoctor": syncdoctor.__version__},
-            "code": {"entry": entry, "entry_sha256": _sha256(entry) if entry else None, "files": _user_files()},
-            "rng": {"numpy": hashlib.sha256(np.random.get_state()[1].tobytes()).hexdigest()[:16],
-                    "python": hashlib.sha256(repr(random.getstate()).encode()).hexdigest()[:16]},
+        snapshot = build_common_snapshot(
+            framework="mindspore", rank=self.rank, world_size=self.world_size,
+            versions={"python": platform.python_version(), "mindspore": ms.__version__, "numpy": np.__version__},
+            rng={},
             # None for ms_seed means nobody called ms.set_seed; a dataset seed of 5489 is the
             # library default (ds.config.set_seed never called) and also seeds nothing else.
-            "seed": {"ms_seed": ms_seed, "dataset_seed": ds_seed,
-                     "dataset_seed_is_default": ds_seed == _DEFAULT_DATASET_SEED},
-            "loss": {"type": type(self.loss_fn).__name__ if self.loss_fn is not None else None,
-                     "params": _cell_hparams(self.loss_fn)},
-            "optimizer": {"type": type(opt).__name__ if opt is not None else None, "param_groups": groups,
-                          "n_params": len(self._params)},
-            "ddp": ddp, "loader": loader, "global_batch": global_batch,
-            "tensors": [p.name for p in self._params],
-            "opt_tensors": [p.name for p in self._opt_state],
-            "init_param_fp": init_param_fp if init_param_fp is not None else combine(self._tensor_fps(self._params)),
-            "train_mode": self._train_mode(),
-            "check_every": self.check_every, "auto": self.auto,
-        }
+            seed={"ms_seed": ms_seed, "dataset_seed": ds_seed,
+                  "dataset_seed_is_default": ds_seed == _DEFAULT_DATASET_SEED},
+            loss_fn=self.loss_fn, loss_params=_cell_hparams(self.loss_fn),
+            optimizer={"type": type(opt).__name__ if opt is not None else None, "param_groups": groups,
+                       "n_params": len(self._params)},
+            ddp=ddp, loader=loader, global_batch=global_batch, tensor_names=[p.name for p in self._params],
+            init_param_fp=init_param_fp if init_param_fp is not None else combine(self._tensor_fps(self._params)))
+        snapshot.update(opt_tensors=[p.name for p in self._opt_state], check_every=self.check_every,
+                        auto=self.auto)
         if ddp.get("mode") == "GRAPH" and ddp.get("parameter_broadcast"):
             # GRAPH mode broadcasts rank 0's parameters at the first compile: what was
             # built before is this rank's own (as torch's before DDP's broadcast).
@@ -309,20 +268,15 @@ class MindSporeProbe:
             snapshot["init_param_fp"] = None
         snapshot.update(extra)
         assert self.writer is not None
-        self.writer.write("snapshot", **snapshot)
+        self.writer.write(contract.KIND_SNAPSHOT, **snapshot)
 
     @staticmethod
     def _tensor_fps(params: list[Any]) -> list[int]:
         return [array_fingerprint(_asnumpy(p)) for p in params]
 
     def _train_mode(self) -> str:
-        """As the torch probe writes it: "n/m" cells in train mode; when mixed, a hex
-        bitmap of which (cell order, first cell = highest bit)."""
-        modes = [bool(getattr(c, "training", False)) for c in self._mode_cells]
-        n = sum(modes)
-        if 0 < n < len(modes):
-            return f"{n}/{len(modes)}:{int(''.join('1' if m else '0' for m in modes), 2):x}"
-        return f"{n}/{len(modes)}"
+        """The contract's one encoding (records/contract.py TRAIN_MODE), in cell order."""
+        return contract.train_mode([bool(getattr(c, "training", False)) for c in self._mode_cells])
 
     def is_check_step(self, step: int) -> bool:
         """Step 1 and every check_every-th step are measured in full (as the torch probe)."""
@@ -385,7 +339,7 @@ class MindSporeProbe:
         if check:
             record["tensor_fps"] = tensor_fps
         assert self.writer is not None
-        self.writer.write("step", **{k: v for k, v in record.items() if v is not None or k in ("loss", "lr")})
+        self.writer.write(contract.KIND_STEP, **{k: v for k, v in record.items() if v is not None or k in ("loss", "lr")})
         if check and not self.checks_disabled:
             self._check(record["param_fp"], record["opt_fp"], tensor_fps, record["train_mode"],
                         combine(self._tensor_fps(self._opt_hparams)))
@@ -409,7 +363,7 @@ class MindSporeProbe:
             rows = self._allgather([self.step, self.backward, param_fp, opt_fp, mode_fp, config_fp])
         except Exception as exc:
             self.checks_disabled = repr(exc)
-            self.writer.write("check", rank=self.rank, step=self.step, status="incomplete", what=[], ranks=[],  # type: ignore[union-attr]
+            self.writer.write(contract.KIND_CHECK, rank=self.rank, step=self.step, status="incomplete", what=[], ranks=[],  # type: ignore[union-attr]
                               tensor=None, detail={"error": repr(exc)[:500]})
             return
         what, outside = [], set()
@@ -433,7 +387,7 @@ class MindSporeProbe:
         status = "mismatch" if what else "ok"
         detail = {"step": rows[:, 0].tolist(), "backward": rows[:, 1].tolist(),
                   "param_fp": rows[:, 2].tolist(), "opt_fp": rows[:, 3].tolist()}
-        self.writer.write("check", rank=self.rank, step=self.step, status=status, what=what,  # type: ignore[union-attr]
+        self.writer.write(contract.KIND_CHECK, rank=self.rank, step=self.step, status=status, what=what,  # type: ignore[union-attr]
                           ranks=sorted(outside), tensor=tensor, detail=detail)
         if what:
             message = (f"syncdoctor: replicas differ at step {self.step}: {', '.join(what)} "
@@ -442,7 +396,7 @@ class MindSporeProbe:
             if self.on_mismatch in ("warn", "heal") and self.rank == 0:  # no heal on MindSpore: it warns
                 print(f"[WARNING] {message}", file=sys.stderr, flush=True)
             elif self.on_mismatch == "raise":
-                raise RuntimeError(message)
+                raise SyncMismatchError(message)
 
     def event(self, event: str, message: str) -> None:
         try:
@@ -454,7 +408,7 @@ class MindSporeProbe:
         if self.writer is None:
             return
         try:
-            self.writer.write("end", rank=self.rank, step=self.step, t=time.time(), status=status, message=message)
+            self.writer.write(contract.KIND_END, rank=self.rank, step=self.step, t=time.time(), status=status, message=message)
         finally:
             self.writer.close()
             self.writer = None
@@ -511,7 +465,7 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
     Gradients are not reachable from a callback, so grad_norm stays null; parameters,
     optimizer state, the loss, the loss scale and overflow are recorded."""
 
-    def __init__(self, run_dir: str | os.PathLike[str] | None = None, check_every: int | None = 10,
+    def __init__(self, run_dir: str | os.PathLike[str] | None = None, check_every: int | None = None,
                  on_mismatch: str = "warn") -> None:
         super().__init__()
         self.run_dir, self.check_every, self.on_mismatch = run_dir, check_every, on_mismatch
@@ -608,7 +562,7 @@ def install_autoattach(run_dir: str | os.PathLike[str] | None = None, check_ever
     if run_dir is not None:
         os.environ.setdefault(RUN_DIR_ENV, str(run_dir))
     if check_every is not None:
-        os.environ.setdefault("SYNCDOCTOR_CHECK_EVERY", str(check_every))
+        os.environ.setdefault(settings.CHECK_EVERY_ENV, str(check_every))
     try:
         from syncdoctor.probe import mindspore_auto
 

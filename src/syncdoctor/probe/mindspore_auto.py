@@ -42,11 +42,8 @@ from typing import Any
 import numpy as np
 
 from syncdoctor.probe.fingerprint_np import array_fingerprint, combine
+from syncdoctor.settings import CHECK_EVERY_ENV, DEFAULT_CHECK_EVERY, ON_MISMATCH_ENV, RUN_DIR_ENV
 
-RUN_DIR_ENV = "SYNCDOCTOR_RUN_DIR"
-CHECK_EVERY_ENV = "SYNCDOCTOR_CHECK_EVERY"
-ON_MISMATCH_ENV = "SYNCDOCTOR_ON_MISMATCH"
-DEFAULT_CHECK_EVERY = 10
 NO_STEP_AFTER_BATCHES = 20  # batches drawn with no update seen: say the probe could not attach
 FIX_LINE = ("add `probe = syncdoctor.probe.mindspore.MindSporeProbe(net, optimizer)` after building the "
             "optimizer and `probe.after_step(loss=loss)` after each update")

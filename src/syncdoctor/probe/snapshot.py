@@ -2,38 +2,24 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
-import platform
-import random
-import socket
-import sys
-import sysconfig
-import time
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-import syncdoctor
+from syncdoctor.probe.snapshot_common import (
+    HYPERPARAM_TYPES,
+    build_common_snapshot,
+    digest,
+    public_scalars,
+)
 
-# Variables that decide who a rank is, where it talks, and how the comm library behaves.
-_ENV_PREFIXES = ("NCCL_", "HCCL_", "MS_", "ASCEND_", "TORCH_", "TORCHELASTIC_", "GLOO_",
-                 "OMPI_COMM_WORLD_", "PMI_", "SLURM_", "MASTER_", "CUDA_", "NVIDIA_VISIBLE")
-_ENV_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-              "RANK_ID", "RANK_SIZE", "DEVICE_ID", "RANK_TABLE_FILE", "MINDSPORE_HCCL_CONFIG_PATH",
-              "OMP_NUM_THREADS", "PYTHONHASHSEED", "HOSTNAME"}
-_HYPERPARAM_TYPES = (int, float, str, bool, type(None))
-
-
-def rank_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)}
+_HYPERPARAM_TYPES = HYPERPARAM_TYPES
 
 
 def versions() -> dict[str, str]:
-    out = {"python": platform.python_version(), "torch": torch.__version__,
-           "syncdoctor": syncdoctor.__version__}
+    import platform
+
+    out = {"python": platform.python_version(), "torch": torch.__version__}
     if torch.version.cuda:
         out["cuda"] = str(torch.version.cuda)
     try:
@@ -44,39 +30,8 @@ def versions() -> dict[str, str]:
     return out
 
 
-def sha256_file(path: str | Path) -> str | None:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
-def user_source_files() -> dict[str, str]:
-    """Hashes of the user's own imported modules: not the standard library, not
-    site-packages, so that two nodes with different code packages differ here."""
-    skip = tuple(p for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
-                             sysconfig.get_paths()["platlib"], sys.prefix, sys.base_prefix} if p)
-    own = str(Path(syncdoctor.__file__).parent)
-    files: dict[str, str] = {}
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if not path or not path.endswith(".py") or path.startswith(skip) or path.startswith(own):
-            continue
-        if getattr(module, "__name__", "") == "sitecustomize" and "/.syncdoctor/boot/" in path:
-            continue  # the one `syncdoctor run` generated
-        digest = sha256_file(path)
-        if digest:
-            files[os.path.relpath(path)] = digest
-    return dict(sorted(files.items()))
-
-
 def rng_digests() -> dict[str, str]:
-    def digest(data: bytes) -> str:
-        return hashlib.sha256(data).hexdigest()[:16]
-
-    out = {"torch": digest(torch.get_rng_state().numpy().tobytes()),
-           "numpy": digest(repr(np.random.get_state()[1][:8].tolist()).encode() + np.random.get_state()[1].tobytes()),
-           "python": digest(repr(random.getstate()).encode())}
+    out = {"torch": digest(torch.get_rng_state().numpy().tobytes())}
     try:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             out["cuda"] = digest(torch.cuda.get_rng_state().numpy().tobytes())
@@ -87,11 +42,7 @@ def rng_digests() -> dict[str, str]:
 
 def hyperparams(obj: Any) -> dict[str, Any]:
     """Public scalar attributes of a loss module or similar object."""
-    if obj is None:
-        return {}
-    items = vars(obj).items() if hasattr(obj, "__dict__") else []
-    return {k: v for k, v in items if not k.startswith("_") and k != "training"
-            and isinstance(v, _HYPERPARAM_TYPES)}
+    return public_scalars(obj)
 
 
 def optimizer_info(optimizer: Any) -> dict[str, Any]:
@@ -169,17 +120,8 @@ def _fully_shard_info(model: Any) -> dict[str, Any]:
 def build_snapshot(*, rank: int, world_size: int, model: Any, optimizer: Any, loss_fn: Any,
                    loader: Any, global_batch: int | None, tensor_names: list[str],
                    init_param_fp: int | None) -> dict[str, Any]:
-    entry = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    return {
-        "rank": rank, "world_size": world_size,
-        "local_rank": int(os.environ.get("LOCAL_RANK", os.environ.get("DEVICE_ID", rank)) or 0),
-        "framework": "torch", "host": socket.gethostname(), "pid": os.getpid(), "t": time.time(),
-        "env": rank_env(), "versions": versions(),
-        "code": {"entry": entry, "entry_sha256": sha256_file(entry) if entry else None,
-                 "files": user_source_files()},
-        "rng": rng_digests(), "seed": {"torch_initial_seed": torch.initial_seed()},
-        "loss": {"type": type(loss_fn).__name__ if loss_fn is not None else None,
-                 "params": hyperparams(loss_fn)},
-        "optimizer": optimizer_info(optimizer), "ddp": ddp_info(model), "loader": loader_info(loader),
-        "global_batch": global_batch, "tensors": tensor_names, "init_param_fp": init_param_fp,
-    }
+    return build_common_snapshot(
+        framework="torch", rank=rank, world_size=world_size, versions=versions(), rng=rng_digests(),
+        seed={"torch_initial_seed": torch.initial_seed()}, loss_fn=loss_fn, loss_params=hyperparams(loss_fn),
+        optimizer=optimizer_info(optimizer), ddp=ddp_info(model), loader=loader_info(loader),
+        global_batch=global_batch, tensor_names=tensor_names, init_param_fp=init_param_fp)

@@ -16,6 +16,7 @@ from typing import Any
 
 import polars as pl
 
+from syncdoctor.records import contract
 from syncdoctor.records.schema import RECORDS_SUBDIR, SCHEMA_VERSION, STEP_SCHEMA, RecordError
 from syncdoctor.records.tail import KEY_END, read_tail
 
@@ -25,20 +26,12 @@ _STEP_PREFIX = b'{"v":1,"kind":"step"'
 # must not make the reader (or a report) walk every rank number up to it.
 MAX_WORLD_SIZE = 1 << 20
 
-_DICT, _LIST, _STR, _NUM = dict, list, str, (int, float)
-# Top-level types of the fields the doctor reads from the non-step records; null is
-# always allowed. A record that breaks them is skipped and counted like a corrupt
-# line, so the analyses can trust what they get (docs/records.md).
+# Top-level types of the non-step records, from the contract (records/contract.py);
+# null is always allowed. A record that breaks them is skipped and counted like a
+# corrupt line, so the analyses can trust what they get (docs/records.md).
 _FIELD_TYPES: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "snapshot": {"world_size": int, "local_rank": int, "framework": _STR, "host": _STR, "t": _NUM,
-                 "env": _DICT, "versions": _DICT, "code": _DICT, "rng": _DICT, "seed": _DICT,
-                 "loss": _DICT, "optimizer": _DICT, "ddp": _DICT, "loader": _DICT,
-                 "global_batch": int, "tensors": _LIST, "init_param_fp": int, "check_every": int,
-                 "baseline": _DICT, "replica": _DICT},
-    "check": {"step": int, "status": _STR, "what": _LIST, "ranks": _LIST, "tensor": _STR,
-              "detail": _DICT},
-    "event": {"step": int, "t": _NUM, "event": _STR, "message": _STR},
-    "end": {"step": int, "t": _NUM, "status": _STR, "message": _STR},
+    kind: {f.name: contract.python_type(f.type) for f in fields if f.name not in ("v", "kind", "rank")}
+    for kind, fields in contract.KINDS.items() if kind != contract.KIND_STEP
 }
 _REQUIRED = {"check": ("step",)}  # the doctor orders checks by step
 
@@ -234,14 +227,18 @@ def _parse_steps(blob: bytes, out: RunRecords) -> pl.DataFrame:
     return usable.sort(["rank", "step"])
 
 
+_NONFINITE = [f.name for f in contract.field(contract.KIND_STEP, "nonfinite").fields]
+
+
 def _restore_nonfinite(frame: pl.DataFrame) -> pl.DataFrame:
-    """A NaN or infinite loss or lr comes back as the float it was ("nan", "inf" in
-    the record's `nonfinite` field): a loss that went NaN is evidence, not a gap."""
+    """A NaN or infinite float (loss, lr, grad_norm, ...) comes back as the float it
+    was ("nan", "inf" in the record's `nonfinite` field): a loss that went NaN is
+    evidence, not a gap."""
     if "nonfinite" not in frame.columns or frame["nonfinite"].null_count() == frame.height:
         return frame
     return frame.with_columns(
         pl.coalesce(pl.col("nonfinite").struct.field(name).cast(pl.Float64, strict=False), pl.col(name)).alias(name)
-        for name in ("loss", "lr"))
+        for name in _NONFINITE)
 
 
 def _coerce(value: Any, dtype: pl.DataType) -> Any:

@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from syncdoctor import settings
+from syncdoctor.records import contract
 from syncdoctor.records.constants import SCHEMA_VERSION, records_path
 from syncdoctor.records.tail import NO_LOSS, NO_LR, StepTail, format_step, tail_path
 
@@ -49,6 +51,10 @@ class RecordWriter:
         self._fd: int | None = None
         self._tail: StepTail | None = None
         self._pid = os.getpid()  # a forked child (a loader worker) writes nothing
+        # Validating mode (tests): each record is checked against records/contract.py and
+        # what breaks it is written beside the records, never raised into training.
+        self.violations_path = self.path.with_suffix(".violations") \
+            if os.environ.get(settings.VALIDATE_RECORDS_ENV) == "1" else None
         try:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -89,11 +95,22 @@ class RecordWriter:
         nonfinite = _split_nonfinite(record)
         if nonfinite:
             record["nonfinite"] = nonfinite
+        if self.violations_path is not None:
+            self._validate(record)
         try:
             line = orjson.dumps(record, default=str, option=_OPTIONS)
         except (TypeError, ValueError):  # an int beyond 64 bits, a lone surrogate: the slow way
             line = (json.dumps(_nulled(record), separators=(",", ":"), default=str) + "\n").encode()
         self.write_line(line)
+
+    def _validate(self, record: dict[str, Any]) -> None:
+        broken = contract.violations(record)
+        if broken:
+            try:
+                with open(self.violations_path, "a") as out:  # type: ignore[arg-type]
+                    out.writelines(f"{line}\n" for line in broken)
+            except OSError:
+                pass
 
     def write_line(self, line: bytes) -> None:
         """Write one already encoded record (with its newline), after the pending

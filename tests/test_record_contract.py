@@ -1,0 +1,237 @@
+"""The record contract (records/contract.py) holds the probes, the reader and the
+docs to one definition: a field renamed on one side only fails here.
+
+- the reader's step schema and type checks are the contract's fields;
+- docs/records.md lists every contract field;
+- a real torch probe run (2 gloo ranks, tests/probe/scripts/contract_job.py) writes
+  only contract fields, with their types, and every field the contract says it writes
+  (the MindSpore probe: tests/mindspore/test_zero_code.py);
+- the doctor, reading that run, reads only contract fields.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from syncdoctor import settings
+from syncdoctor.records import contract
+from syncdoctor.records.reader import _FIELD_TYPES
+from syncdoctor.records.schema import STEP_SCHEMA
+from syncdoctor.records.tail import NO_LR, format_step
+from syncdoctor.records.writer import RecordWriter
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = ROOT / "tests" / "probe" / "scripts" / "contract_job.py"
+
+# Fields the torch probe writes only where the short job cannot go, and why.
+TORCH_NOT_IN_SHORT_RUN = {
+    ("snapshot", "replica"): "sharded/hybrid jobs only (tests/probe/test_mesh*)",
+    ("snapshot", "init_param_fp_local"): "zero-code mode only (tests/probe/test_run_cli.py)",
+    ("step", "replica_fps"): "sharded/hybrid jobs only",
+    **{("event", name): "events come from probe failures and heals (tests/probe/test_heal.py)"
+       for name in contract.names("event")},
+}
+
+
+def written_fields(records: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """(kind, field) and (kind.section, field) for every key the records hold."""
+    out: set[tuple[str, str]] = set()
+    for rec in records:
+        kind = rec["kind"]
+        for key, value in rec.items():
+            out.add((kind, key))
+            spec = next((f for f in contract.KINDS.get(kind, ()) if f.name == key), None)
+            if spec is not None and spec.type in ("section", "struct") and isinstance(value, dict):
+                out.update((f"{kind}.{key}", sub) for sub in value)
+    return out
+
+
+def promised_fields(probe: str) -> set[tuple[str, str]]:
+    """What the contract says `probe` writes (sections included)."""
+    out: set[tuple[str, str]] = set()
+    for kind, fields in contract.KINDS.items():
+        for f in fields:
+            if probe in f.by:
+                out.add((kind, f.name))
+                if f.type in ("section",):
+                    out.update((f"{kind}.{f.name}", sub.name) for sub in f.fields if probe in sub.by)
+    return out
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for path in sorted((run_dir / "records").glob("rank*.jsonl"))
+            for line in path.read_text().splitlines() if line.strip()]
+
+
+def check_probe_run(run_dir: Path, probe: str, not_in_run: dict[tuple[str, str], str]) -> None:
+    """The assertions of a probe's contract test, on one of its run folders."""
+    violations = sorted((run_dir / "records").glob("*.violations"))
+    assert not violations, "the validating writer found fields outside the contract:\n" + "".join(
+        p.read_text() for p in violations)
+    records = read_records(run_dir)
+    broken = [v for rec in records for v in contract.violations(rec)]
+    assert not broken, f"records outside the contract: {sorted(set(broken))}"
+    for rec in records:
+        if rec["kind"] == "step" and rec.get("train_mode") is not None:
+            assert contract.TRAIN_MODE.match(rec["train_mode"]), rec["train_mode"]
+    missing = promised_fields(probe) - written_fields(records) - set(not_in_run)
+    assert not missing, f"the contract says the {probe} probe writes these, the run has none: {sorted(missing)}"
+
+
+# -- fast: the reader and the docs ------------------------------------------------------------------
+def test_reader_step_schema_is_the_contract() -> None:
+    assert list(STEP_SCHEMA) == list(contract.names("step"))
+
+
+def test_reader_type_checks_are_the_contract() -> None:
+    for kind in ("snapshot", "check", "event", "end"):
+        assert set(_FIELD_TYPES[kind]) == set(contract.names(kind)) - {"v", "kind", "rank"}
+
+
+def test_every_field_has_a_writer_and_a_meaning() -> None:
+    for kind, fields in contract.KINDS.items():
+        for f in fields:
+            assert f.by and f.meaning, (kind, f.name)
+            for sub in f.fields:
+                assert sub.by and sub.meaning, (kind, f.name, sub.name)
+
+
+def _doc_sections() -> dict[str, str]:
+    text = (ROOT / "docs" / "records.md").read_text()
+    parts = re.split(r'^## kind = "(\w+)".*$', text, flags=re.M)
+    return {parts[i]: parts[i + 1].split("\n## ")[0] for i in range(1, len(parts), 2)}
+
+
+def test_docs_list_every_contract_field() -> None:
+    sections = _doc_sections()
+    for kind, fields in contract.KINDS.items():
+        listed = set(re.findall(r"`?\b([a-z_0-9]+)\b`?", sections[kind]))
+        missing = [f.name for f in fields if f.name not in listed and f.name not in ("v", "kind")]
+        missing += [f"{f.name}.{sub.name}" for f in fields if f.type == "section"
+                    for sub in f.fields if sub.name not in listed]
+        assert not missing, f'docs/records.md, kind = "{kind}", does not list: {missing}'
+
+
+def test_train_mode_has_one_encoding() -> None:
+    assert contract.train_mode([True, True, True]) == "3/3"
+    assert contract.train_mode([False, False]) == "0/2"
+    assert contract.train_mode([True, False, True]) == "2/3:5"
+    for value in ("3/3", "0/2", "2/3:5"):
+        assert contract.TRAIN_MODE.match(value)
+
+
+def test_validating_writer_names_a_field_outside_the_contract(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(settings.VALIDATE_RECORDS_ENV, "1")
+    writer = RecordWriter(tmp_path, 0)
+    writer.write("step", rank=0, step=1, micro=1, backward=1, opt_steps=1, t=1.0, loss=float("nan"), lr=0.1,
+                 grad_norm_locl=2.0, overflow=1)
+    writer.close()
+    found = (tmp_path / "records" / "rank0.violations").read_text().splitlines()
+    assert found == ["step.grad_norm_locl: not in the contract", "step.overflow: int is not bool"]
+    assert json.loads((tmp_path / "records" / "rank0.jsonl").read_text())["nonfinite"] == {"loss": "nan"}
+
+
+def test_every_step_fast_path_keeps_the_contract() -> None:
+    for absent, loss in ((0, 1.5), (NO_LR, float("inf"))):
+        record = json.loads(format_step(3, 7, 1, 7, 7, 1.0, loss, 0.0, absent))
+        assert contract.violations(record) == []
+
+
+# -- slow: a real torch probe run, and the doctor reading it ----------------------------------------
+@pytest.fixture(scope="module")
+def torch_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from syncdoctor.lab.launch import free_port
+
+    run_dir = tmp_path_factory.mktemp("contract") / "run"
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
+           settings.VALIDATE_RECORDS_ENV: "1", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(JOB), str(run_dir)], env={**env, "RANK": str(rank)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for rank in range(2)]
+    try:
+        outputs = [p.communicate(timeout=300)[0].decode(errors="replace") for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outputs)
+    return run_dir
+
+
+@pytest.mark.slow
+def test_torch_probe_writes_the_contract(torch_run: Path) -> None:
+    check_probe_run(torch_run, contract.TORCH, TORCH_NOT_IN_SHORT_RUN)
+
+
+class _Reads(dict):
+    """A record that notes every key read from it (and from its sections)."""
+
+    def __init__(self, value: dict[str, Any], where: str, seen: set[tuple[str, str]]) -> None:
+        super().__init__(value)
+        self.where, self.seen = where, seen
+
+    def _note(self, key: Any) -> None:
+        self.seen.add((self.where, key))
+
+    def __getitem__(self, key: Any) -> Any:
+        self._note(key)
+        return self._wrap(key, super().__getitem__(key))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._note(key)
+        return self._wrap(key, super().get(key, default))
+
+    def __contains__(self, key: Any) -> bool:
+        self._note(key)
+        return super().__contains__(key)
+
+    def _wrap(self, key: Any, value: Any) -> Any:
+        spec = next((f for f in contract.KINDS.get(self.where, ()) if f.name == key), None)
+        if spec is not None and spec.type == "section" and isinstance(value, dict):
+            return _Reads(value, f"{self.where}.{key}", self.seen)
+        return value
+
+
+def doctor_reads(run_dir: Path) -> tuple[set[tuple[str, str]], list[str]]:
+    """(where, key) the doctor reads from the run's non-step records, and its warnings."""
+    from syncdoctor.doctor.diagnose import diagnose_evidence
+    from syncdoctor.doctor.evidence import Evidence
+    from syncdoctor.records import read_run
+
+    records = read_run(run_dir)
+    seen: set[tuple[str, str]] = set()
+    records.snapshots = {r: _Reads(s, "snapshot", seen) for r, s in records.snapshots.items()}
+    records.checks = [_Reads(c, "check", seen) for c in records.checks]
+    records.events = [_Reads(e, "event", seen) for e in records.events]
+    records.ends = {r: _Reads(e, "end", seen) for r, e in records.ends.items()}
+    diagnosis = diagnose_evidence(Evidence(records=records))
+    return seen, diagnosis.warnings
+
+
+def contract_keys() -> set[tuple[str, str]]:
+    out = set()
+    for kind, fields in contract.KINDS.items():
+        for f in fields:
+            out.add((kind, f.name))
+            out.update((f"{kind}.{f.name}", sub.name) for sub in f.fields)
+    return out
+
+
+@pytest.mark.slow
+def test_doctor_reads_only_contract_fields(torch_run: Path) -> None:
+    seen, warnings = doctor_reads(torch_run)
+    assert seen, "the doctor read nothing: the tracking lost the records"
+    unknown = sorted(seen - contract_keys())
+    assert not unknown, f"the doctor reads fields no contract defines (so no probe writes them): {unknown}"
+    # A step column the doctor reads that the reader's schema (the contract) lacks fails the rule.
+    failed = [w for w in warnings if "failed on this input" in w]
+    assert not failed, failed
