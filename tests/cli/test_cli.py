@@ -64,7 +64,7 @@ def test_every_command_and_option_has_help_text():
 
 def test_help_states_the_true_check_every_defaults():
     run_help = " ".join(_help("run").split())
-    assert f"default: {DEFAULT_CHECK_EVERY} under torch" in run_help
+    assert f"default: {DEFAULT_CHECK_EVERY}, torch and MindSpore alike" in run_help
     assert "default 10;" not in run_help
     lab_help = " ".join(_help("lab", "run").split())
     assert f"--check-every K the probe's cross-rank check every K steps (default: {LAB_CHECK_EVERY})" in lab_help

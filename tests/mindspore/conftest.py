@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from syncdoctor.settings import CHECK_EVERY_ENV
+from syncdoctor.settings import CHECK_EVERY_ENV, VALIDATE_RECORDS_ENV
 
 try:
     import mindspore  # noqa: F401
@@ -58,7 +58,7 @@ def zero_code_run(out: Path, env: dict[str, str], script: Path = HERE / "user_tr
 
     bin_dir = Path(sys.executable).parent
     # K=10, as these jobs were written for (32 steps): the probes' shared default is 50.
-    child_env = {**os.environ, CHECK_EVERY_ENV: "10", **env, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    child_env = {**os.environ, CHECK_EVERY_ENV: "10", VALIDATE_RECORDS_ENV: "1", **env, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
                  "OMP_NUM_THREADS": "1", "GLOG_v": "2"}
     msrun_logs = out.with_name(out.name + "-msrun")
     cmd = [str(bin_dir / "syncdoctor"), "run", "--out", str(out), "--", str(bin_dir / "msrun"),

@@ -127,3 +127,27 @@ def test_no_step_seen_says_how_to_fix(tmp_path: Path) -> None:
                            sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "the probe could not attach" in proc.stderr and "MindSporeProbe(net, optimizer)" in proc.stderr
+
+
+# Fields the MindSpore probe writes only where these jobs do not go, and why.
+MS_NOT_IN_THESE_RUNS = {
+    ("snapshot", "init_param_fp_local"): "GRAPH mode with parameter_broadcast (test_mindspore_lab.py)",
+    ("snapshot.loader", "shuffle_op"): "a pipeline with a shuffle operation",
+    ("snapshot.loader", "shuffle_buffer"): "as above",
+    ("snapshot.loader", "error"): "a pipeline that cannot be read",
+    ("step", "ids"): "a script that passes batch_ids to MindSporeProbe.after_step",
+    ("step", "loss_scale"): "a loss scaler (test_mindspore_lab.py fp16 faults)",
+    ("step", "overflow"): "as above",
+    ("step", "nonfinite"): "a NaN or inf loss",
+}
+
+
+def test_probe_writes_the_record_contract(ms_jobs) -> None:
+    """Every record of these runs keeps records/contract.py (the validating writer was
+    on), and together they write every field the contract says this probe writes
+    (tests/test_record_contract.py holds the torch probe, the reader and the doctor to it)."""
+    from syncdoctor.records import contract
+    from tests.test_record_contract import check_probe_runs
+
+    runs = [Path(ms_jobs.get(name)["dir"]) for name in ("zc-model-clean", "zc-functional-clean", "zc-model-eval-rank")]
+    check_probe_runs(runs, contract.MINDSPORE, MS_NOT_IN_THESE_RUNS)

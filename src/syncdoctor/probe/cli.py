@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from syncdoctor.probe import boot
+from syncdoctor.settings import DEFAULT_CHECK_EVERY
 
 REAP_WAIT_S = 10.0
 PR_SET_CHILD_SUBREAPER = 36
@@ -78,8 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", metavar="DIR", help="run folder (default: runs/run-YYYYmmdd-HHMMSS)")
     p.add_argument("--check-every", type=int, metavar="K",
-                   help="cross-rank check every K optimizer steps (default: 50 under torch, 10 under "
-                        "MindSpore; 1 = every step)")
+                   help=f"cross-rank check every K optimizer steps (default: {DEFAULT_CHECK_EVERY}, torch "
+                        "and MindSpore alike; 1 = every step)")
     p.add_argument("--on-mismatch", choices=("warn", "dump", "raise", "heal"), default=None,
                    help="on a cross-rank mismatch: log it (warn, default), also write an evidence "
                         "bundle (dump), raise SyncMismatchError into training on every rank, or "

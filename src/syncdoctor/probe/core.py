@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from syncdoctor import settings
+from syncdoctor.probe import precision
 from syncdoctor.probe.check import CrossRankCheck, config_fingerprint, groups_fingerprint
 from syncdoctor.probe.fingerprint import ViewCache, combine, fingerprints, ids_fingerprint
 from syncdoctor.probe.mesh import layout_of, local_shard
@@ -562,24 +563,10 @@ def _model_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor 
     return None
 
 
-FP16_SAMPLE = 256  # values per gradient tensor looked at
-
-
 def fp16_exact(grads: list[torch.Tensor]) -> bool | None:
-    """Whether the gradients hold float16 values (they were computed or reduced in
-    fp16, e.g. fp16 training or fp16 gradient compression). A sample of each tensor
-    suffices: a float32 gradient value is fp16-representable with odds of ~2^-13."""
-    seen = 0
-    for g in grads:
-        if g.dtype == torch.float16:
-            return True
-        if g.dtype != torch.float32:
-            return None
-        sample = g.detach().reshape(-1)[:FP16_SAMPLE]
-        if not torch.equal(sample.half().float(), sample):
-            return False  # the usual answer, after the first tensor
-        seen += int(torch.count_nonzero(sample))  # zeros are exact in any precision: they prove nothing
-    return True if seen >= 64 else None
+    """Whether the gradients hold float16 values (probe/precision.py)."""
+    return precision.fp16_exact(grads, lambda g: str(g.dtype).removeprefix("torch."),
+                                lambda g, n: g.detach().reshape(-1)[:n].cpu().numpy())
 
 
 class NullProbe:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from syncdoctor import settings
+from syncdoctor.probe import precision
 from syncdoctor.probe.fingerprint_np import array_fingerprint, combine, ids_fingerprint
 from syncdoctor.probe.snapshot_common import build_common_snapshot, public_scalars
 from syncdoctor.records import contract
@@ -414,23 +415,9 @@ class MindSporeProbe:
             self.writer = None
 
 
-FP16_SAMPLE = 256  # values per gradient tensor looked at (as the torch probe)
-
-
 def _fp16_exact(grads: list[np.ndarray]) -> bool | None:
-    """Whether the gradients hold float16 values (computed or reduced in fp16), as the
-    torch probe decides it: a float32 value is fp16-representable with odds of ~2^-13."""
-    seen = 0
-    for g in grads:
-        if g.dtype == np.float16:
-            return True
-        if g.dtype != np.float32:
-            return None
-        sample = g.reshape(-1)[:FP16_SAMPLE]
-        if not np.array_equal(sample.astype(np.float16).astype(np.float32), sample):
-            return False
-        seen += int(np.count_nonzero(sample))  # zeros are exact in any precision: they prove nothing
-    return True if seen >= 64 else None
+    """Whether the gradients hold float16 values, as the torch probe decides it (probe/precision.py)."""
+    return precision.fp16_exact(grads, lambda g: str(g.dtype), lambda g, n: g.reshape(-1)[:n])
 
 
 def _global_norm(grads: Any) -> float | None:
