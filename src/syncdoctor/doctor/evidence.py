@@ -223,13 +223,14 @@ class Evidence:
         """First step where fingerprints or counters part, from the live checks and
         from the step records (whichever saw it first)."""
         candidates = []
-        bad = [c for c in self.checks if c.get("status") == "mismatch" and not c.get("detail", {}).get("follow_up")]
+        bad = [c for c in self.checks if c.get("status") == "mismatch" and not (c.get("detail") or {}).get("follow_up")]
         if bad:
             first = min(bad, key=lambda c: c["step"])
             tensor = next((c.get("tensor") for c in sorted(self.checks, key=lambda c: c["step"])
                            if c.get("status") == "mismatch" and c.get("tensor")), None)
-            candidates.append(Divergence(first["step"], list(first.get("ranks", [])), list(first.get("what", [])),
-                                         tensor, first.get("detail", {})))
+            # Any field may be null (records/contract.py): a null list is an empty one.
+            candidates.append(Divergence(first["step"], list(first.get("ranks") or []), list(first.get("what") or []),
+                                         tensor, first.get("detail") or {}))
         from_steps = self._divergence_from_steps()
         if from_steps is not None:
             if candidates and candidates[0].tensor:
