@@ -146,9 +146,12 @@ LAB: dict[str, tuple[str, str, dict[str, Any]]] = {
 def lab_run(name: str, out: Path) -> dict[str, Any]:
     from syncdoctor.lab.faults import plans_for
     from syncdoctor.lab.mindspore_runner import run_mindspore_lab
+    from syncdoctor.lab.runner import LAB_CHECK_EVERY
 
     fault, variant, extra = LAB[name]
     plans = plans_for(fault, variant, 2, **{**LAB_COMMON, **extra})
+    for plan in plans:  # K as `syncdoctor lab run` sets it (the probes' shared default is 50)
+        plan.extra.setdefault("check_every", LAB_CHECK_EVERY)
     result = run_mindspore_lab(plans, out, timeout_s=BOUND_S)
     result["dir"] = out
     return result

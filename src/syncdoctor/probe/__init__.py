@@ -14,7 +14,7 @@ __all__ = ["NullProbe", "Probe", "SyncMismatchError", "attach"]
 
 def __getattr__(name: str) -> Any:
     if name == "SyncMismatchError":
-        from syncdoctor.probe.check import SyncMismatchError
+        from syncdoctor.settings import SyncMismatchError  # one type for the torch and MindSpore probes
 
         return SyncMismatchError
     if name in ("NullProbe", "Probe", "attach"):
