@@ -14,7 +14,8 @@ __all__ = ["NullProbe", "Probe", "SyncMismatchError", "attach"]
 
 def __getattr__(name: str) -> Any:
     if name == "SyncMismatchError":
-        from syncdoctor.settings import SyncMismatchError  # one type for the torch and MindSpore probes
+        # One type for the torch and MindSpore probes.
+        from syncdoctor.settings import SyncMismatchError
 
         return SyncMismatchError
     if name in ("NullProbe", "Probe", "attach"):
