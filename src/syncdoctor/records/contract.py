@@ -216,7 +216,7 @@ def _check_fields(where: str, values: dict[str, Any], fields: tuple[Field, ...])
         spec = known.get(key)
         if spec is None or value is None:
             continue
-        if not _is(value, spec.type):
+        if not holds(value, spec.type):
             out.append(f"{where}.{key}: {type(value).__name__} is not {spec.type}")
         elif spec.type in ("section", "struct"):
             out += _check_fields(f"{where}.{key}", value, spec.fields)
@@ -227,12 +227,14 @@ def _check_fields(where: str, values: dict[str, Any], fields: tuple[Field, ...])
     return out
 
 
-def _is(value: Any, type_: str) -> bool:
+def holds(value: Any, type_: str) -> bool:
+    """Whether a JSON value (not null) is of the contract type `type_`: a list's
+    elements too (null among them allowed), a dict's keys not."""
     if isinstance(value, bool) and type_ not in ("bool",):
         return False  # a bool is an int in Python, never in the format
     if type_.startswith("list["):
         if not isinstance(value, list):
             return False
         inner = type_[5:-1]
-        return inner == "struct" or all(v is None or _is(v, inner) for v in value)
+        return inner == "struct" or all(v is None or holds(v, inner) for v in value)
     return isinstance(value, _PY[type_])

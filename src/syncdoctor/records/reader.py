@@ -26,11 +26,12 @@ _STEP_PREFIX = b'{"v":1,"kind":"step"'
 # must not make the reader (or a report) walk every rank number up to it.
 MAX_WORLD_SIZE = 1 << 20
 
-# Top-level types of the non-step records, from the contract (records/contract.py);
-# null is always allowed. A record that breaks them is skipped and counted like a
-# corrupt line, so the analyses can trust what they get (docs/records.md).
-_FIELD_TYPES: dict[str, dict[str, type | tuple[type, ...]]] = {
-    kind: {f.name: contract.python_type(f.type) for f in fields if f.name not in ("v", "kind", "rank")}
+# The types of the non-step records' fields, from the contract (records/contract.py):
+# a list's elements too; null is always allowed. A record that breaks them is
+# skipped and counted like a corrupt line, so the analyses can trust what they get
+# (docs/records.md).
+_FIELD_TYPES: dict[str, dict[str, str]] = {
+    kind: {f.name: f.type for f in fields if f.name not in ("v", "kind", "rank")}
     for kind, fields in contract.KINDS.items() if kind != contract.KIND_STEP
 }
 _REQUIRED = {"check": ("step",)}  # the doctor orders checks by step
@@ -194,8 +195,7 @@ def _well_typed(rec: dict[str, Any], kind: Any) -> bool:
         if value is None:
             if key in _REQUIRED.get(kind, ()):
                 return False
-        # bool is an int in Python, never in the format
-        elif not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
+        elif not contract.holds(value, expected):  # (bool is an int in Python, never in the format)
             return False
     return True
 
