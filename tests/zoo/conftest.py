@@ -1,7 +1,12 @@
 """The zoo's runs, shared by every test through one session-wide cache: each
 (program, bug, mode) is launched once per session. Set SYNCDOCTOR_ZOO_DIR to keep
 the run folders and reuse them across sessions (a run folder with its result.json
-is not run again)."""
+is not run again).
+
+The runs the selected tests need are launched ahead, SYNCDOCTOR_ZOO_JOBS at a time
+(default 2): a launcher and its ranks leave a core idle for a good part of a run
+(rendezvous, imports in one process while the other waits), so two at once take
+about two thirds of the time. Diagnoses stay on the test's own thread."""
 
 from __future__ import annotations
 
@@ -13,7 +18,10 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +32,9 @@ from syncdoctor.lab.launch import free_port
 from tests.zoo.scenarios import CHECK_EVERY, PROGRAMS, PROGRAMS_DIR, STEPS
 
 RUN_TIMEOUT_S = 600
+JOBS = max(1, int(os.environ.get("SYNCDOCTOR_ZOO_JOBS", "2")))
+_running: set[subprocess.Popen[bytes]] = set()  # launched runs not yet ended: ended at teardown
+_running_lock = threading.Lock()
 SYNCDOCTOR = [sys.executable, "-c", "import sys; from syncdoctor.cli import main; sys.exit(main())"]
 MODES = ("plain", "zero", "attach")
 
@@ -75,19 +86,30 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _run(command: list[str], log: Path) -> tuple[int, float, float]:
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the launcher and every rank
+    proc.wait()
+
+
+def _run(command: list[str], log: Path) -> tuple[int, float, float | None]:
+    """Exit code, seconds, and the CPU seconds of the processes it started (None when
+    runs overlap: the children's CPU is counted per process, not per run)."""
     start, cpu = time.monotonic(), _children_cpu()
     with open(log, "wb") as out:
         proc = subprocess.Popen(command, cwd=PROGRAMS_DIR, env=_env(), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        with _running_lock:
+            _running.add(proc)
         try:
             code = proc.wait(timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _end(proc)
             code = -9
-    return code, time.monotonic() - start, _children_cpu() - cpu
+        finally:
+            with _running_lock:
+                _running.discard(proc)
+    return code, time.monotonic() - start, (_children_cpu() - cpu) if JOBS == 1 else None
 
 
 def diagnose_json(folder: Path) -> tuple[int, dict[str, Any] | None]:
@@ -104,15 +126,13 @@ def diagnose_json(folder: Path) -> tuple[int, dict[str, Any] | None]:
 
 
 def launch(root: Path, program: str, bug: str, mode: str) -> ZooRun:
+    """Run (or take the kept run of) one scenario; not yet diagnosed."""
     out = root / f"{program}-{bug or 'healthy'}-{mode}"
     saved = out / "result.json"
     if saved.exists():
         data = json.loads(saved.read_text())
         data["finals"] = {int(k): v for k, v in data["finals"].items()}
-        run = ZooRun(**{**data, "folder": Path(data["folder"])})
-        if mode != "plain":  # the doctor may have changed since: diagnose again
-            run.diagnose_code, run.diagnosis = diagnose_json(run.folder)
-        return run
+        return ZooRun(**{**data, "folder": Path(data["folder"])})  # diagnosed again: the doctor may have changed
     out.mkdir(parents=True, exist_ok=True)
     final = out / "final"
     args = ["--steps", str(STEPS), "--final-dir", str(final)]
@@ -128,24 +148,58 @@ def launch(root: Path, program: str, bug: str, mode: str) -> ZooRun:
     finals = {int(f.stem.removeprefix("final")): f.read_text().strip() for f in final.glob("final*.sha256")}
     run = ZooRun(program, bug, mode, folder, code, finals, seconds,
                  (out / "output.log").read_text(errors="replace")[-4000:], cpu_s)
-    if mode != "plain":
-        run.diagnose_code, run.diagnosis = diagnose_json(folder)
     if os.environ.get("SYNCDOCTOR_ZOO_DIR"):
         kept = {**run.__dict__, "folder": str(folder), "diagnosis": None, "diagnose_code": None}
         saved.write_text(json.dumps(kept, default=str))
     return run
 
 
+def runs_needed(item: pytest.Item) -> list[tuple[str, str, str]]:
+    """The (program, bug, mode) runs a collected zoo test will ask for."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    program, bug = params.get("program"), params.get("bug", "")
+    if program is None:
+        return []
+    name = getattr(item, "originalname", item.name)
+    if name == "test_probe_changes_nothing":
+        return [(program, "", mode) for mode in MODES]
+    if name == "test_bug_really_changes_training":
+        return [(program, "", "zero"), (program, bug, "zero"), (program, bug, "attach")]
+    return [(program, bug, params["mode"])] if "mode" in params else []
+
+
 @pytest.fixture(scope="session")
-def zoo(tmp_path_factory: pytest.TempPathFactory):
+def zoo(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     keep = os.environ.get("SYNCDOCTOR_ZOO_DIR")
     root = Path(keep) if keep else tmp_path_factory.mktemp("zoo")
+    pool = ThreadPoolExecutor(max_workers=JOBS, thread_name_prefix="zoo")
+    launched: dict[tuple[str, str, str], Future[ZooRun]] = {}
     cache: dict[tuple[str, str, str], ZooRun] = {}
+
+    def ahead(key: tuple[str, str, str]) -> None:
+        if key not in launched:
+            launched[key] = pool.submit(launch, root, *key)
+
+    for item in request.session.items:  # in test order: the first test's runs start first
+        for key in runs_needed(item):
+            ahead(key)
 
     def run(program: str, bug: str, mode: str) -> ZooRun:
         key = (program, bug, mode)
         if key not in cache:
-            cache[key] = launch(root, program, bug, mode)
+            ahead(key)
+            result = launched[key].result()
+            if mode != "plain":
+                result.diagnose_code, result.diagnosis = diagnose_json(result.folder)
+            cache[key] = result
         return cache[key]
 
-    return run
+    try:
+        yield run
+    finally:  # an interrupted session: no run is left behind, none still queued starts
+        pool.shutdown(wait=False, cancel_futures=True)
+        with _running_lock:
+            still = list(_running)
+        for proc in still:
+            _end(proc)
+        pool.shutdown(wait=True)
