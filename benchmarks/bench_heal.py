@@ -140,23 +140,29 @@ def check_cost_main() -> None:
     dist.destroy_process_group()
 
 
-def check_cost(args: argparse.Namespace) -> None:
+def run_bench_ranks(world_size: int, **bench_env: str) -> list[dict]:
+    """This file on `world_size` ranks with the BENCH_* settings given; rank 0's rows."""
     from syncdoctor.lab.launch import free_port, run_ranks
 
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        logs = [Path(tmp) / f"rank{r}.log" for r in range(args.world_size)]
-        envs = [dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.world_size), MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=str(port), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", BENCH_RANK_MAIN="check",
-                     BENCH_STEPS=str(args.steps), BENCH_CHECK_EVERY=str(args.check_every),
-                     BENCH_RUN_DIR=str(Path(tmp) / "run"), BENCH_ON_MISMATCH=args.on_mismatch)
-                for r in range(args.world_size)]
-        codes, timed_out = run_ranks([[sys.executable, __file__]] * args.world_size, envs, logs, timeout_s=900)
+        logs = [Path(tmp) / f"rank{r}.log" for r in range(world_size)]
+        envs = [dict(os.environ, RANK=str(r), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(port), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
+                     **{k: v.replace("{tmp}", tmp) for k, v in bench_env.items()})
+                for r in range(world_size)]
+        codes, timed_out = run_ranks([[sys.executable, __file__]] * world_size, envs, logs, timeout_s=900)
         text = logs[0].read_text()
         line = next((ln for ln in text.splitlines() if ln.startswith("BENCH ")), None)
         if line is None or timed_out or any(codes):
             sys.exit(f"bench failed (exit codes {codes}, timed out {timed_out}):\n{text[-3000:]}")
-    rows = json.loads(line[len("BENCH "):])
+    return json.loads(line[len("BENCH "):])
+
+
+def check_cost(args: argparse.Namespace) -> None:
+    rows = run_bench_ranks(args.world_size, BENCH_RANK_MAIN="check", BENCH_STEPS=str(args.steps),
+                           BENCH_CHECK_EVERY=str(args.check_every), BENCH_RUN_DIR="{tmp}/run",
+                           BENCH_ON_MISMATCH=args.on_mismatch)
     if args.json:
         print(json.dumps(rows, indent=1))
         return
@@ -174,8 +180,6 @@ def check_cost(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    from syncdoctor.lab.launch import free_port, run_ranks
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-size", type=int, default=3)
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 10, 100])
@@ -189,19 +193,8 @@ def main() -> None:
     if args.check_cost:
         check_cost(args)
         return
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        logs = [Path(tmp) / f"rank{r}.log" for r in range(args.world_size)]
-        envs = [dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.world_size), MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=str(port), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", BENCH_RANK_MAIN="1",
-                     BENCH_SIZES_MB=",".join(map(str, args.sizes_mb)), BENCH_REPEATS=str(args.repeats))
-                for r in range(args.world_size)]
-        codes, timed_out = run_ranks([[sys.executable, __file__]] * args.world_size, envs, logs, timeout_s=900)
-        text = logs[0].read_text()
-        line = next((ln for ln in text.splitlines() if ln.startswith("BENCH ")), None)
-        if line is None or timed_out or any(codes):
-            sys.exit(f"bench failed (exit codes {codes}, timed out {timed_out}):\n{text[-3000:]}")
-    rows = json.loads(line[len("BENCH "):])
+    rows = run_bench_ranks(args.world_size, BENCH_RANK_MAIN="1", BENCH_SIZES_MB=",".join(map(str, args.sizes_mb)),
+                           BENCH_REPEATS=str(args.repeats))
     if args.json:
         print(json.dumps(rows, indent=1))
         return
