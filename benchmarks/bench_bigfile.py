@@ -51,19 +51,22 @@ def main(argv: list[str] | None = None) -> int:
     free = shutil.disk_usage(workdir).free
     if free < 2 * size:
         shutil.rmtree(workdir)
-        print(f"not enough disk: {free / 2**30:.1f} GiB free in {workdir.parent}, "
-              f"need {2 * size / 2**30:.1f} GiB (twice --size); try --dir or a smaller --size")
+        print(
+            f"not enough disk: {free / 2**30:.1f} GiB free in {workdir.parent}, "
+            f"need {2 * size / 2**30:.1f} GiB (twice --size); try --dir or a smaller --size"
+        )
         return 2
     path = workdir / "big_train.log"
     try:
         t0 = time.perf_counter()
         counts = generate(path, size)
-        print(f"generated {path.stat().st_size / 1e9:.2f} GB, {counts['lines']:,} lines "
-              f"({counts['loss']:,} loss, {counts['event']:,} events) in "
-              f"{time.perf_counter() - t0:.0f} s")
+        print(
+            f"generated {path.stat().st_size / 1e9:.2f} GB, {counts['lines']:,} lines "
+            f"({counts['loss']:,} loss, {counts['event']:,} events) in "
+            f"{time.perf_counter() - t0:.0f} s"
+        )
         t0 = time.perf_counter()
-        child = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True,
-                               text=True, check=False)
+        child = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, check=False)
         wall = time.perf_counter() - t0
         if child.returncode != 0:
             print(child.stderr[-3000:])
@@ -72,11 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
         result = json.loads(child.stdout.strip().splitlines()[-1])
         ok = peak <= limit and result["loss_rows"] == counts["loss"]
-        print(f"ingest_logs: {result['seconds']:.1f} s in the child ({wall:.1f} s with start-up), "
-              f"{path.stat().st_size / result['seconds'] / 1e6:.0f} MB/s; peak RSS "
-              f"{peak / 2**20:.0f} MiB (limit {limit / 2**20:.0f} MiB); "
-              f"{result['loss_rows']:,} loss rows (expected {counts['loss']:,}), "
-              f"{result['events']:,} events kept; {'PASS' if ok else 'FAIL'}")
+        print(
+            f"ingest_logs: {result['seconds']:.1f} s in the child ({wall:.1f} s with start-up), "
+            f"{path.stat().st_size / result['seconds'] / 1e6:.0f} MB/s; peak RSS "
+            f"{peak / 2**20:.0f} MiB (limit {limit / 2**20:.0f} MiB); "
+            f"{result['loss_rows']:,} loss rows (expected {counts['loss']:,}), "
+            f"{result['events']:,} events kept; {'PASS' if ok else 'FAIL'}"
+        )
         return 0 if ok else 1
     finally:
         if args.keep:

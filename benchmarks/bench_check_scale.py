@@ -47,8 +47,10 @@ def _block(checks: int, rank: int, block: int) -> bytes:
 def _clients(port: int, ranks: list[int], connections: int, checks: int, blocks: int, barrier, results) -> None:  # type: ignore[no-untyped-def]
     import torch.distributed as dist
 
-    stores = [dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=300),
-                            wait_for_workers=False) for _ in range(connections)]
+    stores = [
+        dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=300), wait_for_workers=False)
+        for _ in range(connections)
+    ]
     payload = {r: [_block(checks, r, b) for b in range(blocks)] for r in ranks}
     latencies: list[float] = []
     for block in range(blocks):
@@ -66,8 +68,9 @@ def measure(n_ranks: int, blocks: int, processes: int, max_connections: int) -> 
 
     checks = max(1, min(READ_EVERY_STEPS // DEFAULT_K, 50, 4096 // n_ranks))
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=300), wait_for_workers=False)
-    reader = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=300),
-                           wait_for_workers=False)
+    reader = dist.TCPStore(
+        "127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=300), wait_for_workers=False
+    )
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(processes + 1)
     results = ctx.Queue()
@@ -75,9 +78,12 @@ def measure(n_ranks: int, blocks: int, processes: int, max_connections: int) -> 
     # One connection per rank up to max_connections; past that the ranks share them (a
     # store write costs the server the same whichever socket it comes in on).
     per_process = max(1, min(n_ranks, max_connections) // processes)
-    procs = [ctx.Process(target=_clients, args=(server.port, ranks, min(per_process, len(ranks)), checks, blocks,
-                                                barrier, results))
-             for ranks in share]
+    procs = [
+        ctx.Process(
+            target=_clients, args=(server.port, ranks, min(per_process, len(ranks)), checks, blocks, barrier, results)
+        )
+        for ranks in share
+    ]
     for proc in procs:
         proc.start()
     bursts, reads, read_bytes = [], [], 0
@@ -100,10 +106,17 @@ def measure(n_ranks: int, blocks: int, processes: int, max_connections: int) -> 
     for proc in procs:
         proc.join(timeout=60)
     latencies.sort()
-    return {"ranks": n_ranks, "connections": min(n_ranks, max_connections), "checks_per_block": checks, "set_p50_ms": 1e3 * statistics.median(latencies),
-            "set_p99_ms": 1e3 * latencies[int(0.99 * (len(latencies) - 1))],
-            "burst_s": statistics.median(bursts), "read_s": statistics.median(reads), "read_mb": read_bytes / 2**20,
-            "per_write_server_us": 1e6 * statistics.median(bursts) / n_ranks}
+    return {
+        "ranks": n_ranks,
+        "connections": min(n_ranks, max_connections),
+        "checks_per_block": checks,
+        "set_p50_ms": 1e3 * statistics.median(latencies),
+        "set_p99_ms": 1e3 * latencies[int(0.99 * (len(latencies) - 1))],
+        "burst_s": statistics.median(bursts),
+        "read_s": statistics.median(reads),
+        "read_mb": read_bytes / 2**20,
+        "per_write_server_us": 1e6 * statistics.median(bursts) / n_ranks,
+    }
 
 
 def report(m: dict[str, float], measured: bool) -> None:
@@ -113,24 +126,34 @@ def report(m: dict[str, float], measured: bool) -> None:
     how = "measured" if measured else "extrapolated"
     if measured and m.get("connections", m["ranks"]) < m["ranks"]:
         how += f" over {int(m['connections'])} connections"
-    print(f"{int(m['ranks']):>6} ranks ({how}): block of {int(m['checks_per_block'])} checks every {steps_per_block} steps; "
-          f"write p50 {m['set_p50_ms']:.2f} ms p99 {m['set_p99_ms']:.2f} ms under the burst; "
-          f"store absorbs the burst in {m['burst_s'] * 1e3:.0f} ms ({m['per_write_server_us']:.0f} us/write); "
-          f"one read {m['read_s'] * 1e3:.0f} ms for {m['read_mb']:.1f} MiB; "
-          f"check cost per rank and step {per_step_us:.2f} us; "
-          f"store busy {100 * m['burst_s'] / steps_per_block:.3f} s per 100 s of 1-second steps")
+    print(
+        f"{int(m['ranks']):>6} ranks ({how}): block of {int(m['checks_per_block'])} checks every {steps_per_block} steps; "
+        f"write p50 {m['set_p50_ms']:.2f} ms p99 {m['set_p99_ms']:.2f} ms under the burst; "
+        f"store absorbs the burst in {m['burst_s'] * 1e3:.0f} ms ({m['per_write_server_us']:.0f} us/write); "
+        f"one read {m['read_s'] * 1e3:.0f} ms for {m['read_mb']:.1f} MiB; "
+        f"check cost per rank and step {per_step_us:.2f} us; "
+        f"store busy {100 * m['burst_s'] / steps_per_block:.3f} s per 100 s of 1-second steps"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", default="1024,8192")
-    parser.add_argument("--measure-up-to", type=int, default=8192,
-                        help="sizes above this are extrapolated from the largest measured one")
+    parser.add_argument(
+        "--measure-up-to",
+        type=int,
+        default=8192,
+        help="sizes above this are extrapolated from the largest measured one",
+    )
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--processes", type=int, default=8)
-    parser.add_argument("--max-connections", type=int, default=1024,
-                        help="client connections at most (opening 8,192 here takes longer than the run); "
-                             "past it the ranks' writes share them")
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=1024,
+        help="client connections at most (opening 8,192 here takes longer than the run); "
+        "past it the ranks' writes share them",
+    )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.ranks.split(",")]
     last: dict[str, float] | None = None
@@ -141,9 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         elif last is not None:
             scale = n / last["ranks"]
             checks = max(1, min(READ_EVERY_STEPS // DEFAULT_K, 50, 4096 // n))
-            est = {**last, "ranks": n, "checks_per_block": checks, "burst_s": last["burst_s"] * scale,
-                   "read_s": last["read_s"] * scale * checks / last["checks_per_block"],
-                   "read_mb": last["read_mb"] * scale * checks / last["checks_per_block"]}
+            est = {
+                **last,
+                "ranks": n,
+                "checks_per_block": checks,
+                "burst_s": last["burst_s"] * scale,
+                "read_s": last["read_s"] * scale * checks / last["checks_per_block"],
+                "read_mb": last["read_mb"] * scale * checks / last["checks_per_block"],
+            }
             report(est, measured=False)
     return 0
 

@@ -63,20 +63,32 @@ def evaluate(cases: list[Case]) -> list[dict]:
         top, error, verdict = doctor_top(case)
         text = case.log_path.read_text(encoding="utf-8", errors="replace")
         floor = keyword_floor(text)
-        rows.append({"id": case.id, "split": case.split, "expected": case.categories, "predicted": top,
-                     "right": top in case.categories, "verdict": verdict,
-                     "false_alarm": case.healthy and error,
-                     "floor": floor, "floor_right": floor in case.categories})
+        rows.append(
+            {
+                "id": case.id,
+                "split": case.split,
+                "expected": case.categories,
+                "predicted": top,
+                "right": top in case.categories,
+                "verdict": verdict,
+                "false_alarm": case.healthy and error,
+                "floor": floor,
+                "floor_right": floor in case.categories,
+            }
+        )
     return rows
 
 
 def summary(rows: list[dict]) -> dict:
     n = len(rows)
     healthy = [r for r in rows if r["expected"][0] == "healthy"]
-    return {"cases": n, "healthy": len(healthy),
-            "top1": sum(r["right"] for r in rows) / n if n else 0.0,
-            "floor_top1": sum(r["floor_right"] for r in rows) / n if n else 0.0,
-            "false_alarms": [r["id"] for r in healthy if r["false_alarm"]]}
+    return {
+        "cases": n,
+        "healthy": len(healthy),
+        "top1": sum(r["right"] for r in rows) / n if n else 0.0,
+        "floor_top1": sum(r["floor_right"] for r in rows) / n if n else 0.0,
+        "false_alarms": [r["id"] for r in healthy if r["false_alarm"]],
+    }
 
 
 def confusion(rows: list[dict], key: str) -> str:
@@ -112,9 +124,13 @@ def main() -> int:
         part_rows = [r for r in rows if r["split"] == part]
         print(f"\n== {part}: {s['cases']} cases ({s['healthy']} healthy)")
         print(f"doctor top-1:  {s['top1']:.1%}")
-        print(f"keyword floor: {s['floor_top1']:.1%}   (doctor - floor: {100 * (s['top1'] - s['floor_top1']):+.1f} points)")
-        print(f"false alarms (error-severity finding on a healthy run): {len(s['false_alarms'])}"
-              + (f" {s['false_alarms']}" if s["false_alarms"] else ""))
+        print(
+            f"keyword floor: {s['floor_top1']:.1%}   (doctor - floor: {100 * (s['top1'] - s['floor_top1']):+.1f} points)"
+        )
+        print(
+            f"false alarms (error-severity finding on a healthy run): {len(s['false_alarms'])}"
+            + (f" {s['false_alarms']}" if s["false_alarms"] else "")
+        )
         print("confusion, doctor (rows: confirmed category, columns: predicted top category):")
         print(confusion(part_rows, "predicted"))
         print("confusion, keyword floor:")

@@ -32,31 +32,76 @@ def generate(run_dir: Path, ranks: int, steps: int, bad_rank: int, onset: int) -
     names = [f"layer{i}.weight" for i in range(50)]
     for rank in range(ranks):
         rng = random.Random(rank)
-        lines = [json.dumps({"v": 1, "kind": "snapshot", "rank": rank, "world_size": ranks, "framework": "torch",
-                             "host": f"node{rank // 8}", "env": {"RANK": str(rank), "LOCAL_RANK": str(rank % 8)},
-                             "versions": {"torch": "2.13.0"}, "code": {"entry_sha256": "ab" * 32, "files": {}},
-                             "loss": {"type": "CrossEntropyLoss", "params": {}},
-                             "optimizer": {"type": "SGD", "param_groups": [{"lr": 0.1, "momentum": 0.9}]},
-                             "ddp": {"wrapper": "DistributedDataParallel", "broadcast_buffers": True},
-                             "loader": {"batch_size": 32, "dataset_len": 1_281_167, "num_replicas": ranks,
-                                        "rank": rank, "drop_last": True},
-                             "global_batch": 32 * ranks, "tensors": names, "init_param_fp": 12345},
-                            separators=(",", ":"))]
+        lines = [
+            json.dumps(
+                {
+                    "v": 1,
+                    "kind": "snapshot",
+                    "rank": rank,
+                    "world_size": ranks,
+                    "framework": "torch",
+                    "host": f"node{rank // 8}",
+                    "env": {"RANK": str(rank), "LOCAL_RANK": str(rank % 8)},
+                    "versions": {"torch": "2.13.0"},
+                    "code": {"entry_sha256": "ab" * 32, "files": {}},
+                    "loss": {"type": "CrossEntropyLoss", "params": {}},
+                    "optimizer": {"type": "SGD", "param_groups": [{"lr": 0.1, "momentum": 0.9}]},
+                    "ddp": {"wrapper": "DistributedDataParallel", "broadcast_buffers": True},
+                    "loader": {
+                        "batch_size": 32,
+                        "dataset_len": 1_281_167,
+                        "num_replicas": ranks,
+                        "rank": rank,
+                        "drop_last": True,
+                    },
+                    "global_batch": 32 * ranks,
+                    "tensors": names,
+                    "init_param_fp": 12345,
+                },
+                separators=(",", ":"),
+            )
+        ]
         skipped = 0
         for step in range(1, steps + 1):
             if rank == bad_rank and step == onset:
                 skipped = 1
-            loss = 2.3 * (0.9995 ** step) * (1 + 0.3 * (rng.random() - 0.5))
-            rec = {"v": 1, "kind": "step", "rank": rank, "step": step, "micro": 1 + (rank == bad_rank and step == onset),
-                   "backward": step + skipped, "opt_steps": step, "t": 1.7e9 + step * 0.3, "loss": loss,
-                   "lr": 0.1, "samples": 32, "data_fp": rng.getrandbits(62), "loss_scale": None, "overflow": None}
+            loss = 2.3 * (0.9995**step) * (1 + 0.3 * (rng.random() - 0.5))
+            rec = {
+                "v": 1,
+                "kind": "step",
+                "rank": rank,
+                "step": step,
+                "micro": 1 + (rank == bad_rank and step == onset),
+                "backward": step + skipped,
+                "opt_steps": step,
+                "t": 1.7e9 + step * 0.3,
+                "loss": loss,
+                "lr": 0.1,
+                "samples": 32,
+                "data_fp": rng.getrandbits(62),
+                "loss_scale": None,
+                "overflow": None,
+            }
             if step % CHECK_EVERY == 0 or step == 1:
                 fp = step * 1_000_003 + (skipped * 7919 if step >= onset else 0) * (rank == bad_rank)
-                rec.update({"param_fp": fp, "grad_fp": fp + 1, "opt_fp": fp + 2, "buffer_fp": fp + 3,
-                            "train_mode": "60/60", "grad_norm": 1.0 + rng.random(), "grad_norm_local": 1.3 + rng.random()})
+                rec.update(
+                    {
+                        "param_fp": fp,
+                        "grad_fp": fp + 1,
+                        "opt_fp": fp + 2,
+                        "buffer_fp": fp + 3,
+                        "train_mode": "60/60",
+                        "grad_norm": 1.0 + rng.random(),
+                        "grad_norm_local": 1.3 + rng.random(),
+                    }
+                )
             lines.append(json.dumps(rec, separators=(",", ":")))
-        lines.append(json.dumps({"v": 1, "kind": "end", "rank": rank, "step": steps, "t": 1.7e9 + steps,
-                                 "status": "ok", "message": ""}, separators=(",", ":")))
+        lines.append(
+            json.dumps(
+                {"v": 1, "kind": "end", "rank": rank, "step": steps, "t": 1.7e9 + steps, "status": "ok", "message": ""},
+                separators=(",", ":"),
+            )
+        )
         data = ("\n".join(lines) + "\n").encode()
         (rec_dir / f"rank{rank}.jsonl").write_bytes(data)
         total += len(data)
@@ -65,12 +110,14 @@ def generate(run_dir: Path, ranks: int, steps: int, bad_rank: int, onset: int) -
 
 def measure(run_dir: Path) -> tuple[float, float, str]:
     """Diagnose in a fresh process: wall seconds, peak RSS in GiB, top finding."""
-    code = ("import json,resource,sys,time; t=time.perf_counter();"
-            "from syncdoctor.doctor.diagnose import diagnose; d=diagnose([sys.argv[1]]);"
-            "from syncdoctor.doctor.report import render_json; render_json(d);"
-            "print(json.dumps({'s': time.perf_counter()-t,"
-            "'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/2**20,"
-            "'top': d.findings[0].code if d.findings else None}))")
+    code = (
+        "import json,resource,sys,time; t=time.perf_counter();"
+        "from syncdoctor.doctor.diagnose import diagnose; d=diagnose([sys.argv[1]]);"
+        "from syncdoctor.doctor.report import render_json; render_json(d);"
+        "print(json.dumps({'s': time.perf_counter()-t,"
+        "'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/2**20,"
+        "'top': d.findings[0].code if d.findings else None}))"
+    )
     out = subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True, text=True, check=True)
     data = json.loads(out.stdout.strip().splitlines()[-1])
     return data["s"], data["rss"], data["top"]
@@ -91,9 +138,11 @@ def main() -> None:
             gen_s = time.perf_counter() - t0
             seconds, rss, top = measure(Path(tmp))
         rank_steps = args.ranks * steps
-        print(f"  {args.ranks} × {steps:>6} = {rank_steps:>9,} rank-steps, {size / 2**20:7.0f} MiB records "
-              f"(generated in {gen_s:.0f}s): diagnosed in {seconds:6.2f}s, peak RSS {rss:.2f} GiB, "
-              f"{seconds / rank_steps * 1e6:.2f} µs/rank-step, top finding {top}")
+        print(
+            f"  {args.ranks} × {steps:>6} = {rank_steps:>9,} rank-steps, {size / 2**20:7.0f} MiB records "
+            f"(generated in {gen_s:.0f}s): diagnosed in {seconds:6.2f}s, peak RSS {rss:.2f} GiB, "
+            f"{seconds / rank_steps * 1e6:.2f} µs/rank-step, top finding {top}"
+        )
 
 
 if __name__ == "__main__":

@@ -76,9 +76,18 @@ def rank_main() -> None:
             times.append(float(elapsed[0]))
             meets.append(float(elapsed[1]))
         median = statistics.median(times)
-        rows.append({"world_size": world, "param_mb": size_mb, "bytes": sent, "restore_ms": round(median * 1e3, 2),
-                     "restore_ms_min": round(min(times) * 1e3, 2), "gb_per_s": round(sent / median / 1e9, 3),
-                     "meet_ms": round(statistics.median(meets) * 1e3, 2), "backend": dist.get_backend()})
+        rows.append(
+            {
+                "world_size": world,
+                "param_mb": size_mb,
+                "bytes": sent,
+                "restore_ms": round(median * 1e3, 2),
+                "restore_ms_min": round(min(times) * 1e3, 2),
+                "gb_per_s": round(sent / median / 1e9, 3),
+                "meet_ms": round(statistics.median(meets) * 1e3, 2),
+                "backend": dist.get_backend(),
+            }
+        )
         del model, optimizer
     if rank == 0:
         print("BENCH " + json.dumps(rows), flush=True)
@@ -106,6 +115,7 @@ def check_cost_main() -> None:
                 return method(self, *args)
             finally:
                 timings[name].append(time.perf_counter() - t0)
+
         return run
 
     Healer.after_post = timed("after_post", Healer.after_post)  # type: ignore[method-assign]
@@ -113,8 +123,13 @@ def check_cost_main() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    probe = syncdoctor.attach(model, optimizer, run_dir=os.environ["BENCH_RUN_DIR"], check_every=every,
-                              on_mismatch=os.environ["BENCH_ON_MISMATCH"])
+    probe = syncdoctor.attach(
+        model,
+        optimizer,
+        run_dir=os.environ["BENCH_RUN_DIR"],
+        check_every=every,
+        on_mismatch=os.environ["BENCH_ON_MISMATCH"],
+    )
     data = torch.Generator().manual_seed(rank)
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -131,8 +146,11 @@ def check_cost_main() -> None:
     row = {"rank": rank, "step_ms": step_ms}
     for name, values in timings.items():
         us = np.array(values) * 1e6
-        row[name] = {"checks": len(values), "median_us": float(np.median(us)) if len(us) else None,
-                     "p90_us": float(np.percentile(us, 90)) if len(us) else None}
+        row[name] = {
+            "checks": len(values),
+            "median_us": float(np.median(us)) if len(us) else None,
+            "p90_us": float(np.percentile(us, 90)) if len(us) else None,
+        }
     rows: list[dict] = [{}] * dist.get_world_size()
     dist.all_gather_object(rows, row)
     if rank == 0:
@@ -147,27 +165,43 @@ def run_bench_ranks(world_size: int, **bench_env: str) -> list[dict]:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         logs = [Path(tmp) / f"rank{r}.log" for r in range(world_size)]
-        envs = [dict(os.environ, RANK=str(r), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=str(port), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
-                     **{k: v.replace("{tmp}", tmp) for k, v in bench_env.items()})
-                for r in range(world_size)]
+        envs = [
+            dict(
+                os.environ,
+                RANK=str(r),
+                WORLD_SIZE=str(world_size),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                OMP_NUM_THREADS="1",
+                GLOO_SOCKET_IFNAME="lo",
+                **{k: v.replace("{tmp}", tmp) for k, v in bench_env.items()},
+            )
+            for r in range(world_size)
+        ]
         codes, timed_out = run_ranks([[sys.executable, __file__]] * world_size, envs, logs, timeout_s=900)
         text = logs[0].read_text()
         line = next((ln for ln in text.splitlines() if ln.startswith("BENCH ")), None)
         if line is None or timed_out or any(codes):
             sys.exit(f"bench failed (exit codes {codes}, timed out {timed_out}):\n{text[-3000:]}")
-    return json.loads(line[len("BENCH "):])
+    return json.loads(line[len("BENCH ") :])
 
 
 def check_cost(args: argparse.Namespace) -> None:
-    rows = run_bench_ranks(args.world_size, BENCH_RANK_MAIN="check", BENCH_STEPS=str(args.steps),
-                           BENCH_CHECK_EVERY=str(args.check_every), BENCH_RUN_DIR="{tmp}/run",
-                           BENCH_ON_MISMATCH=args.on_mismatch)
+    rows = run_bench_ranks(
+        args.world_size,
+        BENCH_RANK_MAIN="check",
+        BENCH_STEPS=str(args.steps),
+        BENCH_CHECK_EVERY=str(args.check_every),
+        BENCH_RUN_DIR="{tmp}/run",
+        BENCH_ON_MISMATCH=args.on_mismatch,
+    )
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{args.world_size} ranks, {args.steps} steps, K = {args.check_every}, on_mismatch={args.on_mismatch}, "
-          "nothing healed")
+    print(
+        f"{args.world_size} ranks, {args.steps} steps, K = {args.check_every}, on_mismatch={args.on_mismatch}, "
+        "nothing healed"
+    )
     print("| rank | step (mean) | checks | decision after the post: median, p90 | plan lookup: median, p90 |")
     print("|---|---|---|---|---|")
     for r in rows:
@@ -175,8 +209,10 @@ def check_cost(args: argparse.Namespace) -> None:
         if not a["checks"]:
             print(f"| {r['rank']} | {r['step_ms']:.2f} ms | — | — | — |")
             continue
-        print(f"| {r['rank']} | {r['step_ms']:.2f} ms | {a['checks']} | {a['median_us']:.0f} µs, {a['p90_us']:.0f} µs | "
-              f"{b['median_us']:.0f} µs, {b['p90_us']:.0f} µs |")
+        print(
+            f"| {r['rank']} | {r['step_ms']:.2f} ms | {a['checks']} | {a['median_us']:.0f} µs, {a['p90_us']:.0f} µs | "
+            f"{b['median_us']:.0f} µs, {b['p90_us']:.0f} µs |"
+        )
 
 
 def main() -> None:
@@ -188,21 +224,29 @@ def main() -> None:
     parser.add_argument("--check-cost", action="store_true", help="time the heal-only work of every check instead")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--check-every", type=int, default=10)
-    parser.add_argument("--on-mismatch", default="heal", help="with --check-cost: heal, or warn for the step time without it")
+    parser.add_argument(
+        "--on-mismatch", default="heal", help="with --check-cost: heal, or warn for the step time without it"
+    )
     args = parser.parse_args()
     if args.check_cost:
         check_cost(args)
         return
-    rows = run_bench_ranks(args.world_size, BENCH_RANK_MAIN="1", BENCH_SIZES_MB=",".join(map(str, args.sizes_mb)),
-                           BENCH_REPEATS=str(args.repeats))
+    rows = run_bench_ranks(
+        args.world_size,
+        BENCH_RANK_MAIN="1",
+        BENCH_SIZES_MB=",".join(map(str, args.sizes_mb)),
+        BENCH_REPEATS=str(args.repeats),
+    )
     if args.json:
         print(json.dumps(rows, indent=1))
         return
     print("| ranks | model params | bytes restored (params + momentum) | restore (median) | rate | meeting |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['world_size']} | {r['param_mb']:g} MiB | {r['bytes']:,} | {r['restore_ms']} ms | "
-              f"{r['gb_per_s']} GB/s | {r['meet_ms']} ms |")
+        print(
+            f"| {r['world_size']} | {r['param_mb']:g} MiB | {r['bytes']:,} | {r['restore_ms']} ms | "
+            f"{r['gb_per_s']} GB/s | {r['meet_ms']} ms |"
+        )
 
 
 if __name__ == "__main__":

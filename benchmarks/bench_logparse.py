@@ -68,9 +68,7 @@ def generate(path: Path, size: int, seed: int = 0) -> dict[str, int]:
     rng = random.Random(seed)
 
     def fmt(t: str) -> str:
-        return t.format(
-            s=rng.randrange(60), ms=rng.randrange(1000), n=rng.randrange(100000), w=rng.randrange(8)
-        )
+        return t.format(s=rng.randrange(60), ms=rng.randrange(1000), n=rng.randrange(100000), w=rng.randrange(8))
 
     # One pool of boring lines, reused block after block: generating every line
     # in Python would make the benchmark slower to set up than to run.
@@ -132,16 +130,10 @@ def _child_ingest(path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--size", default="1G", help="size of the generated log (e.g. 200M, 1G); default 1G"
-    )
-    parser.add_argument(
-        "--dir", default=None, help="where to write the log (default: a temp folder)"
-    )
+    parser.add_argument("--size", default="1G", help="size of the generated log (e.g. 200M, 1G); default 1G")
+    parser.add_argument("--dir", default=None, help="where to write the log (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the generated log")
-    parser.add_argument(
-        "--repeat", type=int, default=3, help="timed runs of each; the best counts (default 3)"
-    )
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of each; the best counts (default 3)")
     parser.add_argument("--_ingest", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._ingest:
@@ -171,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeat):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
-            out = subprocess.run(
-                [grep, "-E", "-c", pattern, str(path)], capture_output=True, text=True, check=False
-            )
+            out = subprocess.run([grep, "-E", "-c", pattern, str(path)], capture_output=True, text=True, check=False)
             grep_runs.append(time.perf_counter() - t0)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             grep_cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)

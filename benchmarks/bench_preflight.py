@@ -18,7 +18,7 @@ from pathlib import Path
 from syncdoctor.preflight import run_preflight
 from syncdoctor.preflight.registry import all_checks
 
-TORCH_TRAIN = '''
+TORCH_TRAIN = """
 import argparse
 import os
 import random
@@ -102,9 +102,9 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
-MS_TRAIN = '''
+MS_TRAIN = """
 import mindspore as ms
 import mindspore.dataset as ds
 import mindspore.dataset.vision as vision
@@ -147,9 +147,9 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
-MODEL_DEF = '''
+MODEL_DEF = """
 import math
 
 import torch
@@ -197,9 +197,9 @@ class Block{i}(nn.Module):
 
 def build(depth=12):
     return nn.Sequential(*[Block{i}() for _ in range(depth)])
-'''
+"""
 
-DATA_MODULE = '''
+DATA_MODULE = """
 import json
 import os
 
@@ -229,7 +229,7 @@ class JsonDataset{i}(Dataset):
 def collate(batch):
     xs, ys = zip(*batch)
     return torch.stack(xs), torch.tensor(ys)
-'''
+"""
 
 TEMPLATES = [TORCH_TRAIN, MS_TRAIN, MODEL_DEF, DATA_MODULE]
 
@@ -241,8 +241,7 @@ def generate(root: Path, n: int) -> int:
         # Repeat a model file's body so files range from ~60 to ~400 lines.
         body = textwrap.dedent(template).format(i=i, epochs=10 + i % 7, batch=32, dim=64 + i % 4)
         if template is MODEL_DEF:
-            body += "".join(textwrap.dedent(MODEL_DEF).format(i=f"{i}_{k}", dim=64)
-                            for k in range(i % 3))
+            body += "".join(textwrap.dedent(MODEL_DEF).format(i=f"{i}_{k}", dim=64) for k in range(i % 3))
         pkg = root / f"pkg{i // 100}"
         pkg.mkdir(exist_ok=True)
         (pkg / f"mod{i}.py").write_text(body)

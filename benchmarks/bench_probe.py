@@ -82,6 +82,7 @@ class PeakProbe:
 
 def _timed(fn: Any, spent: list[float]) -> Any:
     """`fn`, adding its thread CPU time to spent[0] and counting its calls in spent[1]."""
+
     def timed(*args: Any, **kwargs: Any) -> Any:
         t0 = time.thread_time()
         try:
@@ -139,8 +140,7 @@ def worker(args: argparse.Namespace) -> None:
     def attach(name: str, segment: int) -> Any:
         if name not in every:
             return None
-        return core.Probe(model, optimizer, run_dir / f"{name}{segment}", check_every=every[name],
-                          check_timeout_s=60)
+        return core.Probe(model, optimizer, run_dir / f"{name}{segment}", check_every=every[name], check_timeout_s=60)
 
     for _ in range(args.warmup):  # the allocator, DDP's first iterations
         step()
@@ -211,11 +211,19 @@ def worker(args: argparse.Namespace) -> None:
             rec = json.loads(line)
             mismatches += rec["kind"] == "check" and rec["status"] != "ok"
     if rank == 0:
-        result = {"model": args.model, "params": sum(p.numel() for p in base.parameters()),
-                  "param_bytes": param_bytes(base), "segments": seg, "steps": args.steps,
-                  "rounds": args.rounds, "default_k": core.DEFAULT_CHECK_EVERY,
-                  "peak_rise_kib": peak.max_rise_kib, "peak_measured": peak.works,
-                  "mismatches": mismatches, "own_us": own_us}
+        result = {
+            "model": args.model,
+            "params": sum(p.numel() for p in base.parameters()),
+            "param_bytes": param_bytes(base),
+            "segments": seg,
+            "steps": args.steps,
+            "rounds": args.rounds,
+            "default_k": core.DEFAULT_CHECK_EVERY,
+            "peak_rise_kib": peak.max_rise_kib,
+            "peak_measured": peak.works,
+            "mismatches": mismatches,
+            "own_us": own_us,
+        }
         Path(args.result).write_text(json.dumps(result))
     dist.destroy_process_group()
 
@@ -229,12 +237,37 @@ def run_pair(model: str, rounds: int, steps: int, warmup: int, batch: int, timeo
         port, result = free_port(), Path(tmp) / "result.json"
         commands, envs, logs = [], [], []
         for rank in range(2):
-            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                       WORLD_SIZE="2", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+            env = dict(
+                os.environ,
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                RANK=str(rank),
+                WORLD_SIZE="2",
+                OMP_NUM_THREADS="1",
+                GLOO_SOCKET_IFNAME="lo",
+            )
             env.pop("SYNCDOCTOR_RUN_DIR", None)
-            commands.append([sys.executable, str(Path(__file__).resolve()), "--worker", "--model", model,
-                             "--rounds", str(rounds), "--steps", str(steps), "--warmup", str(warmup),
-                             "--batch", str(batch), "--tmp", tmp, "--result", str(result)])
+            commands.append(
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--worker",
+                    "--model",
+                    model,
+                    "--rounds",
+                    str(rounds),
+                    "--steps",
+                    str(steps),
+                    "--warmup",
+                    str(warmup),
+                    "--batch",
+                    str(batch),
+                    "--tmp",
+                    tmp,
+                    "--result",
+                    str(result),
+                ]
+            )
             envs.append(env)
             logs.append(Path(tmp) / f"rank{rank}.log")
         codes, timed_out = run_ranks(commands, envs, logs, timeout_s)
@@ -269,11 +302,15 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     seg = res["segments"]
     # The probe's configurations are compared with the mean of the round's two un-probed
     # segments (half the variance of one); the A/A line compares those two.
-    base = {"off_again": seg["off"],
-            **dict.fromkeys(("default", "every"), [(a + b) / 2 for a, b in zip(seg["off"], seg["off_again"],
-                                                                              strict=True)])}
-    out: dict[str, Any] = {"model": res["model"], "params": res["params"],
-                           "step_ms_off": statistics.median(seg["off"]) * 1000}
+    base = {
+        "off_again": seg["off"],
+        **dict.fromkeys(("default", "every"), [(a + b) / 2 for a, b in zip(seg["off"], seg["off_again"], strict=True)]),
+    }
+    out: dict[str, Any] = {
+        "model": res["model"],
+        "params": res["params"],
+        "step_ms_off": statistics.median(seg["off"]) * 1000,
+    }
     for name in ("off_again", "default", "every"):
         per_round = [p / o for p, o in zip(seg[name], base[name], strict=True)]
         out[f"{name}_ratio_rounds"] = statistics.median(per_round)
@@ -288,8 +325,11 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-TARGETS = {"cnn": {"default": 1.003, "every": 1.01}, "mlp": {"default": 1.02, "every": 1.10},
-           "fsdp": {"default": 1.02, "every": 1.10}}  # the MLP's targets, sharded
+TARGETS = {
+    "cnn": {"default": 1.003, "every": 1.01},
+    "mlp": {"default": 1.02, "every": 1.10},
+    "fsdp": {"default": 1.02, "every": 1.10},
+}  # the MLP's targets, sharded
 
 
 def main() -> None:
@@ -313,34 +353,45 @@ def main() -> None:
     # Short segments, many rounds: this machine's speed drifts by several percent within
     # seconds, and fast alternation cancels the drift. Each segment holds whole blocks of checks.
     # As many segments as the time allows: the noise is per segment (above).
-    plans = {"cnn": {"steps": 50, "warmup": 3, "batch": 16, "rounds": 8},
-             "mlp": {"steps": 200, "warmup": 50, "batch": 64, "rounds": 75},
-             "fsdp": {"steps": 200, "warmup": 50, "batch": 64, "rounds": 30}}
+    plans = {
+        "cnn": {"steps": 50, "warmup": 3, "batch": 16, "rounds": 8},
+        "mlp": {"steps": 200, "warmup": 50, "batch": 64, "rounds": 75},
+        "fsdp": {"steps": 200, "warmup": 50, "batch": 64, "rounds": 30},
+    }
     summaries = []
     for model in args.models.split(","):
         plan = plans[model]
         rounds = args.rounds or (2 if args.quick else plan["rounds"])
         steps = args.steps or plan["steps"]  # whole multiples of the default K, quick or not
-        res = run_pair(model, rounds, steps, args.warmup or plan["warmup"], args.batch or plan["batch"],
-                       timeout_s=1800)
+        res = run_pair(model, rounds, steps, args.warmup or plan["warmup"], args.batch or plan["batch"], timeout_s=1800)
         summary = summarize(res)
         summaries.append(summary)
         t = TARGETS[model]
-        print(f"{model}: {summary['params']:,} params, un-probed step {summary['step_ms_off']:.2f} ms, "
-              f"{rounds} rounds x {steps} steps, default K={summary['default_k']}")
+        print(
+            f"{model}: {summary['params']:,} params, un-probed step {summary['step_ms_off']:.2f} ms, "
+            f"{rounds} rounds x {steps} steps, default K={summary['default_k']}"
+        )
         for name in ("off_again", "default", "every"):
             low, high = summary[f"{name}_interval"]
-            said = "A/A: the noise floor" if name not in t else (
-                f"target <= {t[name]}: {verdict((low, high), summary['own_pct'][name], t[name])}")
-            print(f"  {name:9s} x{summary[f'{name}_ratio_rounds']:.4f} (median of per-round ratios; 90% interval "
-                  f"{low:.4f}-{high:.4f}), x{summary[f'{name}_ratio_means']:.4f} (ratio of means)  {said}")
-        own = ", ".join(f"{name} {summary['own_us'][name]:.0f} us ({summary['own_pct'][name]:.2f}%)"
-                        for name in summary["own_us"])
+            said = (
+                "A/A: the noise floor"
+                if name not in t
+                else (f"target <= {t[name]}: {verdict((low, high), summary['own_pct'][name], t[name])}")
+            )
+            print(
+                f"  {name:9s} x{summary[f'{name}_ratio_rounds']:.4f} (median of per-round ratios; 90% interval "
+                f"{low:.4f}-{high:.4f}), x{summary[f'{name}_ratio_means']:.4f} (ratio of means)  {said}"
+            )
+        own = ", ".join(
+            f"{name} {summary['own_us'][name]:.0f} us ({summary['own_pct'][name]:.2f}%)" for name in summary["own_us"]
+        )
         print(f"  the probe's own CPU time per step on the training thread: {own}")
         mem = summary["peak_extra_pct_of_params"]
-        print(f"  extra peak memory around probe calls: {mem:.2f}% of parameter bytes "
-              f"(target <= 5%){'' if summary['peak_measured'] else ' [not measurable here]'}; "
-              f"mismatches reported: {summary['mismatches']}")
+        print(
+            f"  extra peak memory around probe calls: {mem:.2f}% of parameter bytes "
+            f"(target <= 5%){'' if summary['peak_measured'] else ' [not measurable here]'}; "
+            f"mismatches reported: {summary['mismatches']}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(summaries, indent=1))
 

@@ -58,8 +58,12 @@ def heal_rows(out: Path) -> list[dict[str, Any]]:
         key = (e["heal"].get("status"), e["heal"].get("id"), e["heal"].get("reason"))
         if key not in seen:
             seen.add(key)
-            rows.append({"step": e["step"], **{k: e["heal"].get(k) for k in ("status", "odd", "source", "bytes",
-                                                                                "seconds", "reason")}})
+            rows.append(
+                {
+                    "step": e["step"],
+                    **{k: e["heal"].get(k) for k in ("status", "odd", "source", "bytes", "seconds", "reason")},
+                }
+            )
     return rows
 
 
@@ -74,16 +78,21 @@ def equal_after(out: Path, step: int) -> bool:
     measured = records.steps.filter(pl.col("param_fp").is_not_null() & (pl.col("step") > step))
     if not measured.height:
         return False
-    per_step = measured.group_by("step").agg(pl.len().alias("ranks"),
-                                             *(pl.col(c).drop_nulls().n_unique().alias(c) for c in STATE))
+    per_step = measured.group_by("step").agg(
+        pl.len().alias("ranks"), *(pl.col(c).drop_nulls().n_unique().alias(c) for c in STATE)
+    )
     ranks = measured["rank"].n_unique()
-    return bool((per_step["ranks"] == ranks).all() and all((per_step[c] <= 1).all() for c in STATE)
-                and all(c["status"] == "ok" for c in records.checks if c["step"] > step))
+    return bool(
+        (per_step["ranks"] == ranks).all()
+        and all((per_step[c] <= 1).all() for c in STATE)
+        and all(c["status"] == "ok" for c in records.checks if c["step"] > step)
+    )
 
 
 def same_as_clean_from(out: Path, clean: Path) -> int | None:
     """The first check step from which the run's parameters are bitwise those of the
     clean run of the same seed at every later check (None: never)."""
+
     def fps(run: Path) -> dict[int, set[int]]:
         frame = read_run(run).steps.filter(pl.col("param_fp").is_not_null())
         return {s: set(g["param_fp"].to_list()) for (s,), g in frame.group_by("step")}
@@ -96,22 +105,50 @@ def same_as_clean_from(out: Path, clean: Path) -> int | None:
     return since
 
 
-def measure(name: str, fault: str, variant: str, world_size: int, steps: int, seed: int, on_mismatch: str | None,
-            root: Path, clean: dict[int, pl.DataFrame], onset: int = ONSET) -> dict[str, Any]:
+def measure(
+    name: str,
+    fault: str,
+    variant: str,
+    world_size: int,
+    steps: int,
+    seed: int,
+    on_mismatch: str | None,
+    root: Path,
+    clean: dict[int, pl.DataFrame],
+    onset: int = ONSET,
+) -> dict[str, Any]:
     out = root / name
-    result = run_lab(fault, variant=variant, world_size=world_size, steps=steps, onset=onset, seed=seed, out=out,
-                     check_every=CHECK_EVERY, on_mismatch=on_mismatch, pg_timeout_s=20.0)
+    result = run_lab(
+        fault,
+        variant=variant,
+        world_size=world_size,
+        steps=steps,
+        onset=onset,
+        seed=seed,
+        out=out,
+        check_every=CHECK_EVERY,
+        on_mismatch=on_mismatch,
+        pg_timeout_s=20.0,
+    )
     records = read_run(out)
     steps_frame = records.steps
     curve = mean_loss_curve(out)
     final_loss = final_loss_of(curve)
-    row: dict[str, Any] = {"case": name, "fault": fault, "variant": variant, "world_size": world_size,
-                           "seed": seed, "onset": onset, "on_mismatch": on_mismatch or "warn", "ok": result.ok,
-                           "duration_s": round(result.duration_s, 1), "final_loss": final_loss,
-                           "nonfinite_loss_steps": int(steps_frame["loss"].null_count()),
-                           "accuracy_mean": (sum(result.accuracy.values()) / len(result.accuracy)
-                                             if result.accuracy else None),
-                           "accuracy_min": min(result.accuracy.values()) if result.accuracy else None}
+    row: dict[str, Any] = {
+        "case": name,
+        "fault": fault,
+        "variant": variant,
+        "world_size": world_size,
+        "seed": seed,
+        "onset": onset,
+        "on_mismatch": on_mismatch or "warn",
+        "ok": result.ok,
+        "duration_s": round(result.duration_s, 1),
+        "final_loss": final_loss,
+        "nonfinite_loss_steps": int(steps_frame["loss"].null_count()),
+        "accuracy_mean": (sum(result.accuracy.values()) / len(result.accuracy) if result.accuracy else None),
+        "accuracy_min": min(result.accuracy.values()) if result.accuracy else None,
+    }
     if seed in clean and fault != "clean":
         joined = curve.join(clean[seed], on="step", suffix="_clean").filter(pl.col("step") >= onset)
         dev = (joined["loss"] - joined["loss_clean"]).abs() / joined["loss_clean"].abs()
@@ -129,9 +166,14 @@ def measure(name: str, fault: str, variant: str, world_size: int, steps: int, se
         row["equal_at_every_check_after_heal"] = equal_after(out, max(healed))
     diag = diagnose([out])
     top = diag.findings[0] if diag.findings else None
-    row["doctor"] = {"category": top.category if top else "healthy", "code": top.code if top else "",
-                     "ranks": top.ranks if top else [], "step": top.step if top else None,
-                     "tensor": top.tensor if top else None, "title": top.title if top else ""}
+    row["doctor"] = {
+        "category": top.category if top else "healthy",
+        "code": top.code if top else "",
+        "ranks": top.ranks if top else [],
+        "step": top.step if top else None,
+        "tensor": top.tensor if top else None,
+        "title": top.title if top else "",
+    }
     return row
 
 
@@ -157,29 +199,38 @@ def table(root: Path) -> str:
             r["final_loss"] = final_loss_of(mean_loss_curve(root / r["case"]))
             r["heals"] = heal_rows(root / r["case"])
     clean = [r for r in rows if r["fault"] == "clean"]
-    lines = [f"Clean baseline, seeds {', '.join(str(r['seed']) for r in clean)}: final loss (last {FINAL_STEPS} steps) "
-             f"{min(r['final_loss'] for r in clean):.4f}–{max(r['final_loss'] for r in clean):.4f}, held-out "
-             f"accuracy {min(r['accuracy_min'] for r in clean):.3f}–{max(r['accuracy_mean'] for r in clean):.3f}.",
-             "",
-             "| case | on mismatch | first mismatch (step, ranks, what, tensor) | final loss | accuracy (min) "
-             "| max loss deviation vs the clean run of its seed | replicas at the end | heal | doctor |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Clean baseline, seeds {', '.join(str(r['seed']) for r in clean)}: final loss (last {FINAL_STEPS} steps) "
+        f"{min(r['final_loss'] for r in clean):.4f}–{max(r['final_loss'] for r in clean):.4f}, held-out "
+        f"accuracy {min(r['accuracy_min'] for r in clean):.3f}–{max(r['accuracy_mean'] for r in clean):.3f}.",
+        "",
+        "| case | on mismatch | first mismatch (step, ranks, what, tensor) | final loss | accuracy (min) "
+        "| max loss deviation vs the clean run of its seed | replicas at the end | heal | doctor |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r["fault"] == "clean":
             continue
         first = r.get("first_mismatch")
-        where = (f"{first['step']}, {first['ranks']}, {'+'.join(first['what'])}, {first['tensor'] or '—'}"
-                 if first else "—")
+        where = (
+            f"{first['step']}, {first['ranks']}, {'+'.join(first['what'])}, {first['tensor'] or '—'}" if first else "—"
+        )
         loss = r["final_loss"]
         loss_text = "nan" if loss is None or not math.isfinite(loss) else f"{loss:.4f}"
         dev = r.get("max_rel_loss_deviation")
         dev_text = "nan" if dev is None or loss_text == "nan" else f"{dev:.1%}"
-        heals = "; ".join(f"{h['status']} at {h['step']}" + (f" ({h['reason']})" if h.get("reason") else "")
-                          for h in r["heals"]) or "—"
+        heals = (
+            "; ".join(
+                f"{h['status']} at {h['step']}" + (f" ({h['reason']})" if h.get("reason") else "") for h in r["heals"]
+            )
+            or "—"
+        )
         acc = "—" if r["accuracy_min"] is None else f"{r['accuracy_min']:.3f}"
         ends = "parted" if r["parted_at_end"] else "equal"
-        lines.append(f"| {r['case']} | {r['on_mismatch']} | {where} | {loss_text} | {acc} | {dev_text} | {ends} "
-                     f"| {heals} | {r['doctor']['category']} ({r['doctor']['code']}) |")
+        lines.append(
+            f"| {r['case']} | {r['on_mismatch']} | {where} | {loss_text} | {acc} | {dev_text} | {ends} "
+            f"| {heals} | {r['doctor']['category']} ({r['doctor']['code']}) |"
+        )
     return "\n".join(lines)
 
 
@@ -194,8 +245,10 @@ def spread(root: Path) -> str:
         r["final_loss"] = final_loss_of(mean_loss_curve(root / r["case"]))
     losses = [r["final_loss"] for r in clean.values()]
     accs = [r["accuracy_mean"] for r in clean.values()]
-    lines = [f"Clean baseline (4 ranks, seeds 0-2): final loss (mean over ranks, last {FINAL_STEPS} steps) "
-             f"{min(losses):.4f}–{max(losses):.4f}, held-out accuracy {min(accs):.4f}–{max(accs):.4f}."]
+    lines = [
+        f"Clean baseline (4 ranks, seeds 0-2): final loss (mean over ranks, last {FINAL_STEPS} steps) "
+        f"{min(losses):.4f}–{max(losses):.4f}, held-out accuracy {min(accs):.4f}–{max(accs):.4f}."
+    ]
     verdicts = []
 
     def plain(name: str | None) -> str:
@@ -206,19 +259,30 @@ def spread(root: Path) -> str:
         return f"{loss:.4f}, {row['accuracy_mean']:.4f}" if loss is not None and math.isfinite(loss) else "nan"
 
     for title, names, unhealed in (
-            (f"Flip at step {ONSET} (just before a check's update)",
-             ["bit-flip-param-heal", "bit-flip-param-heal-s1", "bit-flip-param-heal-s2"],
-             ["bit-flip-param", "bit-flip-param-s1", "bit-flip-param-s2"]),
-            (f"Flip at step {MID_ONSET} (right after a check: {CHECK_EVERY - 1} steps until the next)",
-             [f"bit-flip-param-mid-heal-s{s}" for s in (0, 1, 2)], [f"bit-flip-param-mid-s{s}" for s in (0, 1, 2)])):
+        (
+            f"Flip at step {ONSET} (just before a check's update)",
+            ["bit-flip-param-heal", "bit-flip-param-heal-s1", "bit-flip-param-heal-s2"],
+            ["bit-flip-param", "bit-flip-param-s1", "bit-flip-param-s2"],
+        ),
+        (
+            f"Flip at step {MID_ONSET} (right after a check: {CHECK_EVERY - 1} steps until the next)",
+            [f"bit-flip-param-mid-heal-s{s}" for s in (0, 1, 2)],
+            [f"bit-flip-param-mid-s{s}" for s in (0, 1, 2)],
+        ),
+    ):
         healed = {s: rows.get(name) for s, name in enumerate(names)}
         if any(r is None for r in healed.values()):
             lines += ["", f"{title}: not measured yet"]
             continue
-        lines += ["", title + ":", "",
-                  "| seed | clean loss | clean accuracy | healed loss | healed accuracy | flip seen (step, ranks, "
-                  "tensor) | healed at | every replica equal at every later check | bitwise the clean run's from "
-                  "| inside the clean spread | no heal: loss, accuracy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            title + ":",
+            "",
+            "| seed | clean loss | clean accuracy | healed loss | healed accuracy | flip seen (step, ranks, "
+            "tensor) | healed at | every replica equal at every later check | bitwise the clean run's from "
+            "| inside the clean spread | no heal: loss, accuracy |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         holds = True
         for s in (0, 1, 2):
             c, h = clean[s], healed[s]
@@ -227,15 +291,22 @@ def spread(root: Path) -> str:
             steps = [x["step"] for x in heal_rows(root / h["case"]) if x["status"] == "healed"]
             equal = equal_after(root / h["case"], max(steps)) if steps else False
             since = same_as_clean_from(root / h["case"], root / c["case"])
-            inside = (h["final_loss"] is not None and min(losses) <= h["final_loss"] <= max(losses)
-                      and min(accs) <= h["accuracy_mean"] <= max(accs))
+            inside = (
+                h["final_loss"] is not None
+                and min(losses) <= h["final_loss"] <= max(losses)
+                and min(accs) <= h["accuracy_mean"] <= max(accs)
+            )
             holds &= inside and equal
-            lines.append(f"| {s} | {c['final_loss']:.4f} | {c['accuracy_mean']:.4f} | {h['final_loss']:.4f} | "
-                         f"{h['accuracy_mean']:.4f} | {first.get('step')}, {first.get('ranks')}, "
-                         f"{first.get('tensor')} | {', '.join(map(str, steps)) or '—'} | {'yes' if equal else 'NO'} | "
-                         f"{'step ' + str(since) if since is not None else 'never'} | {'yes' if inside else 'NO'} | "
-                         f"{plain(unhealed[s] if s < len(unhealed) else None)} |")
-        verdicts.append(f"{title}: {'inside the clean spread, replicas equal after the heal' if holds else 'NOT inside'}")
+            lines.append(
+                f"| {s} | {c['final_loss']:.4f} | {c['accuracy_mean']:.4f} | {h['final_loss']:.4f} | "
+                f"{h['accuracy_mean']:.4f} | {first.get('step')}, {first.get('ranks')}, "
+                f"{first.get('tensor')} | {', '.join(map(str, steps)) or '—'} | {'yes' if equal else 'NO'} | "
+                f"{'step ' + str(since) if since is not None else 'never'} | {'yes' if inside else 'NO'} | "
+                f"{plain(unhealed[s] if s < len(unhealed) else None)} |"
+            )
+        verdicts.append(
+            f"{title}: {'inside the clean spread, replicas equal after the heal' if holds else 'NOT inside'}"
+        )
     return "\n".join([*lines, "", *verdicts])
 
 
@@ -246,8 +317,9 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bitflip")
     parser.add_argument("--only", nargs="*", help="only these case names (clean-s0 is needed for deviations)")
     parser.add_argument("--table", action="store_true", help="print the Markdown table of OUT/effects.jsonl and exit")
-    parser.add_argument("--spread", action="store_true",
-                        help="print the healed runs against the clean seed-to-seed spread and exit")
+    parser.add_argument(
+        "--spread", action="store_true", help="print the healed runs against the clean seed-to-seed spread and exit"
+    )
     args = parser.parse_args()
     root = Path(args.out)
     if args.table:
@@ -267,17 +339,29 @@ def main() -> None:
                 clean[seed] = mean_loss_curve(root / name)
             if name in done or (args.only and name not in args.only):
                 continue
-            row = measure(name, fault, variant, args.world_size, args.steps, seed, on_mismatch, root, clean,
-                          MID_ONSET if "-mid-" in name else ONSET)
+            row = measure(
+                name,
+                fault,
+                variant,
+                args.world_size,
+                args.steps,
+                seed,
+                on_mismatch,
+                root,
+                clean,
+                MID_ONSET if "-mid-" in name else ONSET,
+            )
             if fault == "clean":
                 clean[seed] = mean_loss_curve(root / name)
             sink.write(json.dumps(row) + "\n")
             sink.flush()
             loss = row["final_loss"]
-            print(f"{name:36} loss {loss if loss is None or not math.isfinite(loss) else round(loss, 4)!s:>8} "
-                  f"acc {row['accuracy_mean']} parted_at_end {row['parted_at_end']} "
-                  f"first {row.get('first_mismatch')} heals {row['heals']} doctor {row['doctor']['category']}",
-                  flush=True)
+            print(
+                f"{name:36} loss {loss if loss is None or not math.isfinite(loss) else round(loss, 4)!s:>8} "
+                f"acc {row['accuracy_mean']} parted_at_end {row['parted_at_end']} "
+                f"first {row.get('first_mismatch')} heals {row['heals']} doctor {row['doctor']['category']}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,9 @@ class ResNetSmall(nn.Module):
 
 def mlp(width: int = 256, inputs: int = 256, classes: int = 10) -> nn.Module:
     """≈100k parameters."""
-    return nn.Sequential(nn.Linear(inputs, width), nn.ReLU(), nn.Linear(width, width // 2), nn.ReLU(),
-                         nn.Linear(width // 2, classes))
+    return nn.Sequential(
+        nn.Linear(inputs, width), nn.ReLU(), nn.Linear(width, width // 2), nn.ReLU(), nn.Linear(width // 2, classes)
+    )
 
 
 def param_bytes(model: nn.Module) -> int:

@@ -24,8 +24,7 @@ def split(data: bytes, limit: int = 8) -> list[bytes]:
 
 
 def log_files(chunks: Sequence[bytes]) -> dict[str, bytes]:
-    return {LOG_NAMES[i % len(LOG_NAMES)] + ("" if i < len(LOG_NAMES) else f".{i}"): c
-            for i, c in enumerate(chunks)}
+    return {LOG_NAMES[i % len(LOG_NAMES)] + ("" if i < len(LOG_NAMES) else f".{i}"): c for i, c in enumerate(chunks)}
 
 
 def record_files(chunks: Sequence[bytes]) -> dict[str, bytes]:
@@ -41,25 +40,55 @@ def synthetic_records(world: int = 2, steps: int = 12) -> list[bytes]:
     the probe so the fuzz seeds do not depend on torch)."""
     files = []
     for rank in range(world):
-        lines = [_line(kind="snapshot", rank=rank, world_size=world, local_rank=rank,
-                       framework="torch", t=1.0e9, env={"RANK": str(rank)},
-                       loader={"dataset_len": 96, "batch_size": 4, "num_replicas": world},
-                       optimizer={"type": "SGD", "param_groups": [{"lr": 0.1}], "n_params": 2},
-                       loss={"type": "CrossEntropyLoss", "params": {}}, init_param_fp=7,
-                       check_every=5, tensors=["w", "b"], seed={"torch": 0})]
+        lines = [
+            _line(
+                kind="snapshot",
+                rank=rank,
+                world_size=world,
+                local_rank=rank,
+                framework="torch",
+                t=1.0e9,
+                env={"RANK": str(rank)},
+                loader={"dataset_len": 96, "batch_size": 4, "num_replicas": world},
+                optimizer={"type": "SGD", "param_groups": [{"lr": 0.1}], "n_params": 2},
+                loss={"type": "CrossEntropyLoss", "params": {}},
+                init_param_fp=7,
+                check_every=5,
+                tensors=["w", "b"],
+                seed={"torch": 0},
+            )
+        ]
         for s in range(1, steps + 1):
-            lines.append(_line(kind="step", rank=rank, step=s, micro=1, backward=s, t=1.0e9 + s,
-                               loss=2.0 / s + 0.01 * rank, lr=0.1, grad_norm=1.0,
-                               grad_norm_local=1.4, reduce_ratio=0.7, param_fp=s, opt_fp=s,
-                               grad_fp=s, data_fp=100 * rank + s, samples=4, overflow=False,
-                               opt_steps=s, train_mode="1/1", ids=[rank * 4 + s]))
+            lines.append(
+                _line(
+                    kind="step",
+                    rank=rank,
+                    step=s,
+                    micro=1,
+                    backward=s,
+                    t=1.0e9 + s,
+                    loss=2.0 / s + 0.01 * rank,
+                    lr=0.1,
+                    grad_norm=1.0,
+                    grad_norm_local=1.4,
+                    reduce_ratio=0.7,
+                    param_fp=s,
+                    opt_fp=s,
+                    grad_fp=s,
+                    data_fp=100 * rank + s,
+                    samples=4,
+                    overflow=False,
+                    opt_steps=s,
+                    train_mode="1/1",
+                    ids=[rank * 4 + s],
+                )
+            )
             if s % 5 == 0:
-                lines.append(_line(kind="check", rank=rank, step=s, status="ok", what=[],
-                                   ranks=[], tensor=None, detail={}))
-        lines.append(_line(kind="event", rank=rank, t=1.0e9 + steps, step=steps,
-                           event="retry", message="hcom retry 1"))
-        lines.append(_line(kind="end", rank=rank, step=steps, t=1.0e9 + steps + 1, status="ok",
-                           message=""))
+                lines.append(
+                    _line(kind="check", rank=rank, step=s, status="ok", what=[], ranks=[], tensor=None, detail={})
+                )
+        lines.append(_line(kind="event", rank=rank, t=1.0e9 + steps, step=steps, event="retry", message="hcom retry 1"))
+        lines.append(_line(kind="end", rank=rank, step=steps, t=1.0e9 + steps + 1, status="ok", message=""))
         files.append(b"".join(lines))
     return files
 

@@ -28,18 +28,32 @@ from syncdoctor.doctor.diagnose import diagnose
 
 RULES = Path(__file__).resolve().parents[1] / "tests" / "rules"
 LAB_ARGS = ["--steps", "60", "--onset", "20", "--pg-timeout", "10"]
-SOURCE = ("syncdoctor lab run {fault} --steps 60 --onset 20 --pg-timeout 10 (torch, gloo, world size 2, "
-          "seed 0); records/ and train.log* kept")
+SOURCE = (
+    "syncdoctor lab run {fault} --steps 60 --onset 20 --pg-timeout 10 (torch, gloo, world size 2, "
+    "seed 0); records/ and train.log* kept"
+)
 
 # code -> (lab fault, variant)
 FROM_LAB = {
-    "SD101": ("lr-too-high", ""), "SD102": ("lr-not-scaled", ""), "SD201": ("duplicate-rank-id", ""),
-    "SD301": ("unseeded-shuffle", ""), "SD302": ("shard-overlap", ""), "SD303": ("shuffle-after-shard", ""),
-    "SD304": ("uneven-shards", ""), "SD401": ("dropped-rank", ""), "SD402": ("grad-accum-misaligned", ""),
-    "SD403": ("grad-sum", ""), "SD501": ("init-mismatch", ""), "SD502": ("mode-mismatch", ""),
-    "SD503": ("buffer-divergence", ""), "SD601": ("optimizer-state-mismatch", ""),
-    "SD701": ("loss-hparam-mismatch", ""), "SD901": ("fp16-overflow", "local_skip"),
-    "SD902": ("fp16-overflow", ""), "SD951": ("comm-timeout", ""), "SD961": ("rank-crash", ""),
+    "SD101": ("lr-too-high", ""),
+    "SD102": ("lr-not-scaled", ""),
+    "SD201": ("duplicate-rank-id", ""),
+    "SD301": ("unseeded-shuffle", ""),
+    "SD302": ("shard-overlap", ""),
+    "SD303": ("shuffle-after-shard", ""),
+    "SD304": ("uneven-shards", ""),
+    "SD401": ("dropped-rank", ""),
+    "SD402": ("grad-accum-misaligned", ""),
+    "SD403": ("grad-sum", ""),
+    "SD501": ("init-mismatch", ""),
+    "SD502": ("mode-mismatch", ""),
+    "SD503": ("buffer-divergence", ""),
+    "SD601": ("optimizer-state-mismatch", ""),
+    "SD701": ("loss-hparam-mismatch", ""),
+    "SD901": ("fp16-overflow", "local_skip"),
+    "SD902": ("fp16-overflow", ""),
+    "SD951": ("comm-timeout", ""),
+    "SD961": ("rank-crash", ""),
     "SD971": ("bit-flip", ""),
 }
 
@@ -55,11 +69,15 @@ def _scale_local_norm(rec: dict[str, Any]) -> None:
 
 # code -> (what is changed in words, [(rank, edit of each record)])
 EDITED_CLEAN = {
-    "SD202": ("DEVICE_ID=0 written into both ranks' snapshot env (two ranks of one host on one device)",
-              [(r, _snapshot(lambda rec: rec["env"].update(DEVICE_ID="0"))) for r in (0, 1)]),
+    "SD202": (
+        "DEVICE_ID=0 written into both ranks' snapshot env (two ranks of one host on one device)",
+        [(r, _snapshot(lambda rec: rec["env"].update(DEVICE_ID="0"))) for r in (0, 1)],
+    ),
     "SD702": ("rank 1's grad_norm_local multiplied by 100 at every step", [(1, _scale_local_norm)]),
-    "SD801": ("rank 1's snapshot code.entry_sha256 replaced (another version of the entry script)",
-              [(1, _snapshot(lambda rec: rec["code"].update(entry_sha256="0" * 64)))]),
+    "SD801": (
+        "rank 1's snapshot code.entry_sha256 replaced (another version of the entry script)",
+        [(1, _snapshot(lambda rec: rec["code"].update(entry_sha256="0" * 64)))],
+    ),
 }
 
 

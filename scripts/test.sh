@@ -12,6 +12,7 @@ fi
 # rule fails in seconds), then the slow tier (real multi-process training), whose
 # per-test times are printed: the CI budget is watched from them.
 .venv/bin/ruff check src tests benchmarks fuzz scripts
+.venv/bin/ruff format --check src tests benchmarks fuzz scripts
 .venv/bin/python -m pytest --ignore=tests/mindspore -m "not slow" "$@"
 .venv/bin/python -m pytest --ignore=tests/mindspore -m slow -v -o console_output_style=times --durations=25 "$@"
 if [ -x .venv-ms/bin/python ]; then

@@ -36,8 +36,10 @@ TORCH_NOT_IN_SHORT_RUN = {
     ("snapshot", "replica"): "sharded/hybrid jobs only (tests/probe/test_mesh*)",
     ("snapshot", "init_param_fp_local"): "zero-code mode only (tests/probe/test_run_cli.py)",
     ("step", "replica_fps"): "sharded/hybrid jobs only",
-    **{("event", name): "events come from probe failures and heals (tests/probe/test_heal.py)"
-       for name in contract.names("event")},
+    **{
+        ("event", name): "events come from probe failures and heals (tests/probe/test_heal.py)"
+        for name in contract.names("event")
+    },
 }
 
 
@@ -67,8 +69,12 @@ def promised_fields(probe: str) -> set[tuple[str, str]]:
 
 
 def read_records(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for path in sorted((run_dir / "records").glob("rank*.jsonl"))
-            for line in path.read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line)
+        for path in sorted((run_dir / "records").glob("rank*.jsonl"))
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
 
 
 def check_probe_runs(run_dirs: list[Path], probe: str, not_in_run: dict[tuple[str, str], str]) -> None:
@@ -76,7 +82,8 @@ def check_probe_runs(run_dirs: list[Path], probe: str, not_in_run: dict[tuple[st
     the contract, and every field the contract says `probe` writes in some record."""
     violations = sorted(p for run_dir in run_dirs for p in (run_dir / "records").glob("*.violations"))
     assert not violations, "the validating writer found fields outside the contract:\n" + "".join(
-        p.read_text() for p in violations)
+        p.read_text() for p in violations
+    )
     records = [rec for run_dir in run_dirs for rec in read_records(run_dir)]
     broken = [v for rec in records for v in contract.violations(rec)]
     assert not broken, f"records outside the contract: {sorted(set(broken))}"
@@ -116,8 +123,9 @@ def test_docs_list_every_contract_field() -> None:
     for kind, fields in contract.KINDS.items():
         listed = set(re.findall(r"`?\b([a-z_0-9]+)\b`?", sections[kind]))
         missing = [f.name for f in fields if f.name not in listed and f.name not in ("v", "kind")]
-        missing += [f"{f.name}.{sub.name}" for f in fields if f.type == "section"
-                    for sub in f.fields if sub.name not in listed]
+        missing += [
+            f"{f.name}.{sub.name}" for f in fields if f.type == "section" for sub in f.fields if sub.name not in listed
+        ]
         assert not missing, f'docs/records.md, kind = "{kind}", does not list: {missing}'
 
 
@@ -129,12 +137,22 @@ def test_train_mode_has_one_encoding() -> None:
         assert contract.TRAIN_MODE.match(value)
 
 
-def test_validating_writer_names_a_field_outside_the_contract(tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_validating_writer_names_a_field_outside_the_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(settings.VALIDATE_RECORDS_ENV, "1")
     writer = RecordWriter(tmp_path, 0)
-    writer.write("step", rank=0, step=1, micro=1, backward=1, opt_steps=1, t=1.0, loss=float("nan"), lr=0.1,
-                 grad_norm_locl=2.0, overflow=1)
+    writer.write(
+        "step",
+        rank=0,
+        step=1,
+        micro=1,
+        backward=1,
+        opt_steps=1,
+        t=1.0,
+        loss=float("nan"),
+        lr=0.1,
+        grad_norm_locl=2.0,
+        overflow=1,
+    )
     writer.close()
     found = (tmp_path / "records" / "rank0.violations").read_text().splitlines()
     assert found == ["step.grad_norm_locl: not in the contract", "step.overflow: int is not bool"]
@@ -153,10 +171,23 @@ def torch_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from syncdoctor.lab.launch import free_port
 
     run_dir = tmp_path_factory.mktemp("contract") / "run"
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
-           settings.VALIDATE_RECORDS_ENV: "1", "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(JOB), str(run_dir)], env={**env, "RANK": str(rank)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for rank in range(2)]
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": "2",
+        settings.VALIDATE_RECORDS_ENV: "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(JOB), str(run_dir)],
+            env={**env, "RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for rank in range(2)
+    ]
     try:
         outputs = [p.communicate(timeout=300)[0].decode(errors="replace") for p in procs]
     finally:

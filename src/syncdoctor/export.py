@@ -17,17 +17,24 @@ import polars as pl
 
 from syncdoctor.errors import InputError
 
-_STEP_TAGS = (("grad_norm_local", "grad_norm/local"), ("grad_norm", "grad_norm/reduced"), ("lr", "lr"),
-              ("loss_scale", "loss_scale"))
+_STEP_TAGS = (
+    ("grad_norm_local", "grad_norm/local"),
+    ("grad_norm", "grad_norm/reduced"),
+    ("lr", "lr"),
+    ("loss_scale", "loss_scale"),
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write a run's per-rank series for other tools (TensorBoard)",
-                       description="Read probe records and/or logs, as `diagnose` does, and write every "
-                                   "rank's loss, gradient norms, lr and loss scale as TensorBoard scalars "
-                                   "(one TensorBoard run per rank). Needs tensorboardX: "
-                                   "pip install \"syncdoctor[tensorboard]\" (from a clone: "
-                                   "pip install -e \".[tensorboard]\").")
+    p = sub.add_parser(
+        "export",
+        help="write a run's per-rank series for other tools (TensorBoard)",
+        description="Read probe records and/or logs, as `diagnose` does, and write every "
+        "rank's loss, gradient norms, lr and loss scale as TensorBoard scalars "
+        "(one TensorBoard run per rank). Needs tensorboardX: "
+        'pip install "syncdoctor[tensorboard]" (from a clone: '
+        'pip install -e ".[tensorboard]").',
+    )
     p.add_argument("--tensorboard", metavar="DIR", required=True, help="TensorBoard log folder to write")
     p.add_argument("paths", nargs="+", metavar="RUN", help="a probe run folder, log files, or folders of logs")
     p.set_defaults(func=cmd_export)
@@ -39,8 +46,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     ev = load_evidence(args.paths)
     counts = export_tensorboard(ev, Path(args.tensorboard))
     total = sum(counts.values())
-    print(f"wrote {total:,} scalars for {len([r for r in counts if r != 'replicas'])} ranks to "
-          f"{args.tensorboard}; view: tensorboard --logdir {args.tensorboard}")
+    print(
+        f"wrote {total:,} scalars for {len([r for r in counts if r != 'replicas'])} ranks to "
+        f"{args.tensorboard}; view: tensorboard --logdir {args.tensorboard}"
+    )
     for warning in ev.warnings:
         print(f"warning: {warning}")
     return 0
@@ -51,8 +60,10 @@ def export_tensorboard(ev, out: Path) -> dict[int | str, int]:
     try:
         from tensorboardX import SummaryWriter
     except ImportError:
-        raise InputError("the TensorBoard export needs tensorboardX: pip install tensorboardX "
-                         "(or the extra: pip install -e \".[tensorboard]\" in a clone)") from None
+        raise InputError(
+            "the TensorBoard export needs tensorboardX: pip install tensorboardX "
+            '(or the extra: pip install -e ".[tensorboard]" in a clone)'
+        ) from None
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -69,8 +80,9 @@ def export_tensorboard(ev, out: Path) -> dict[int | str, int]:
         n = 0
         try:
             for tag, frame in frames:
-                part = frame.filter((pl.col("rank") == rank) & pl.col("v").is_not_null()
-                                    & pl.col("step").is_not_null()).sort("step")
+                part = frame.filter(
+                    (pl.col("rank") == rank) & pl.col("v").is_not_null() & pl.col("step").is_not_null()
+                ).sort("step")
                 for step, value in zip(part["step"].to_list(), part["v"].to_list(), strict=True):
                     writer.add_scalar(tag, value, int(step))
                     n += 1

@@ -70,8 +70,12 @@ def discover(package: ModuleType, base: type[E]) -> list[type[E]]:
             continue
         module = importlib.import_module(f"{package.__name__}.{info.name}")
         for obj in vars(module).values():
-            if (isinstance(obj, type) and issubclass(obj, base) and obj.__module__ == module.__name__
-                    and getattr(obj, "code", None)):
+            if (
+                isinstance(obj, type)
+                and issubclass(obj, base)
+                and obj.__module__ == module.__name__
+                and getattr(obj, "code", None)
+            ):
                 if obj.code in found:
                     raise RuntimeError(f"code {obj.code} defined twice: {found[obj.code].__name__}, {obj.__name__}")
                 found[obj.code] = obj
@@ -91,8 +95,9 @@ def fmt_ranks(ranks: Iterable[Any], limit: int = 12) -> str:
             prev = r
             continue
         # A run of three or more is shortened; two neighbours are just listed.
-        groups.extend([str(start)] if start == prev else [str(start), str(prev)] if prev == start + 1
-                      else [f"{start}-{prev}"])
+        groups.extend(
+            [str(start)] if start == prev else [str(start), str(prev)] if prev == start + 1 else [f"{start}-{prev}"]
+        )
         if r is not None:
             start = prev = r
     more = f" (+{len(groups) - limit} more)" if len(groups) > limit else ""

@@ -30,11 +30,40 @@ ON_MISMATCH_CHOICES = ("warn", "dump", "raise", "heal")
 
 # Variables that decide who a rank is, where it talks, and how the comm library
 # behaves: recorded in every snapshot, whatever the framework.
-RANK_ENV_PREFIXES = ("NCCL_", "HCCL_", "MS_", "ASCEND_", "GLOG_", "TORCH_", "TORCHELASTIC_", "GLOO_",
-                     "OMPI_COMM_WORLD_", "PMI_", "SLURM_", "MASTER_", "CUDA_", "NVIDIA_VISIBLE")
-RANK_ENV_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-                            "RANK_ID", "RANK_SIZE", "DEVICE_ID", "RANK_TABLE_FILE", "MINDSPORE_HCCL_CONFIG_PATH",
-                            "OMP_NUM_THREADS", "PYTHONHASHSEED", "HOSTNAME"})
+RANK_ENV_PREFIXES = (
+    "NCCL_",
+    "HCCL_",
+    "MS_",
+    "ASCEND_",
+    "GLOG_",
+    "TORCH_",
+    "TORCHELASTIC_",
+    "GLOO_",
+    "OMPI_COMM_WORLD_",
+    "PMI_",
+    "SLURM_",
+    "MASTER_",
+    "CUDA_",
+    "NVIDIA_VISIBLE",
+)
+RANK_ENV_NAMES = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "RANK_ID",
+        "RANK_SIZE",
+        "DEVICE_ID",
+        "RANK_TABLE_FILE",
+        "MINDSPORE_HCCL_CONFIG_PATH",
+        "OMP_NUM_THREADS",
+        "PYTHONHASHSEED",
+        "HOSTNAME",
+    }
+)
 
 
 def rank_env() -> dict[str, str]:

@@ -72,13 +72,16 @@ def test_help_states_the_true_check_every_defaults():
     assert "--world-size N ranks (processes) (default: 2)" in lab_help
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--world-size", "0"], "argument --world-size: must be at least 1, got 0"),
-    (["--world-size", "-3"], "argument --world-size: must be at least 1, got -3"),
-    (["--steps", "0"], "argument --steps: must be at least 1, got 0"),
-    (["--check-every", "0"], "argument --check-every: must be at least 1, got 0"),
-    (["--steps", "ten"], "argument --steps: 'ten' is not an integer"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--world-size", "0"], "argument --world-size: must be at least 1, got 0"),
+        (["--world-size", "-3"], "argument --world-size: must be at least 1, got -3"),
+        (["--steps", "0"], "argument --steps: must be at least 1, got 0"),
+        (["--check-every", "0"], "argument --check-every: must be at least 1, got 0"),
+        (["--steps", "ten"], "argument --steps: 'ten' is not an integer"),
+    ],
+)
 def test_lab_run_refuses_bad_numbers_in_one_line(tmp_path, capsys, args, message):
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exc:
@@ -95,13 +98,18 @@ def test_demo_refuses_zero_ranks(capsys):
     assert "argument --world-size: must be at least 1, got 0" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, message", [
-    (["lab", "run", "dropped-rnk"], "unknown fault 'dropped-rnk' (did you mean 'dropped-rank'?)"),
-    (["lab", "run", "clen"], "unknown fault 'clen' (did you mean 'clean'?)"),
-    (["lab", "matrix", "--only", "grad-summ"], "unknown fault 'grad-summ' (did you mean 'grad-sum'?)"),
-    (["lab", "run", "grad-accum-misaligned", "--variant", "nosync"],
-     "fault 'grad-accum-misaligned' has no variant 'nosync' (did you mean 'no_sync'?)"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["lab", "run", "dropped-rnk"], "unknown fault 'dropped-rnk' (did you mean 'dropped-rank'?)"),
+        (["lab", "run", "clen"], "unknown fault 'clen' (did you mean 'clean'?)"),
+        (["lab", "matrix", "--only", "grad-summ"], "unknown fault 'grad-summ' (did you mean 'grad-sum'?)"),
+        (
+            ["lab", "run", "grad-accum-misaligned", "--variant", "nosync"],
+            "fault 'grad-accum-misaligned' has no variant 'nosync' (did you mean 'no_sync'?)",
+        ),
+    ],
+)
 def test_unknown_names_get_did_you_mean(capsys, args, message):
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -156,8 +164,9 @@ def test_check_and_rule_titles_are_whole_sentences(capsys):
     assert main(["rules", "--json"]) == 0
     docs = json.loads(capsys.readouterr().out)
     titles = {d["code"]: d["title"] for d in docs if d["kind"] == "preflight"}
-    assert titles["PF203"] == ("WORLD_SIZE / RANK_SIZE disagree between processes, with each other, "
-                               "or with the ranks present.")
+    assert titles["PF203"] == (
+        "WORLD_SIZE / RANK_SIZE disagree between processes, with each other, or with the ranks present."
+    )
     for code in ("PF204", "PF313", "PF315", "PF316"):
         assert titles[code].endswith("."), (code, titles[code])
     assert all(t.endswith((".", ")", ":")) for t in titles.values()), titles

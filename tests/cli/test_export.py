@@ -28,9 +28,9 @@ def read_scalars(logdir: Path) -> dict[str, dict[int, float]]:
         data = path.read_bytes()
         pos = 0
         while pos < len(data):
-            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
             event = event_pb2.Event()
-            event.ParseFromString(data[pos + 12:pos + 12 + length])
+            event.ParseFromString(data[pos + 12 : pos + 12 + length])
             pos += 12 + length + 4  # length, its crc, the record, its crc
             for value in event.summary.value:
                 out[value.tag][event.step] = value.simple_value

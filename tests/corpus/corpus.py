@@ -45,9 +45,18 @@ def load_cases(directory: Path = CASES_DIR) -> list[Case]:
     cases = []
     for meta in sorted(directory.glob("*.json")):
         data = json.loads(meta.read_text(encoding="utf-8"))
-        cases.append(Case(id=meta.stem, url=data["url"], categories=list(data["categories"]),
-                          cause=data["cause"], why=data["why"], confirmed=data["confirmed"],
-                          framework=data["framework"], log_path=meta.with_suffix(".log")))
+        cases.append(
+            Case(
+                id=meta.stem,
+                url=data["url"],
+                categories=list(data["categories"]),
+                cause=data["cause"],
+                why=data["why"],
+                confirmed=data["confirmed"],
+                framework=data["framework"],
+                log_path=meta.with_suffix(".log"),
+            )
+        )
     return cases
 
 
@@ -74,18 +83,19 @@ def import_batch(text: str, directory: Path = CASES_DIR) -> list[str]:
             if not meta.get(key):
                 raise ValueError(f"{case_id}: missing {key}")
         (directory / f"{case_id}.log").write_text(log.rstrip("\n") + "\n", encoding="utf-8")
-        (directory / f"{case_id}.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n",
-                                                   encoding="utf-8")
+        (directory / f"{case_id}.json").write_text(
+            json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
         written.append(case_id)
     return written
 
 
-
-
 def table_markdown(cases: list[Case]) -> str:
     """The corpus as a markdown table (one row per case), for docs/corpus.md."""
-    rows = ["| case | split | framework | confirmed category (accepted) | confirmed by | source | why |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| case | split | framework | confirmed category (accepted) | confirmed by | source | why |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for c in sorted(cases, key=lambda c: (c.categories[0], c.id)):
         accepted = c.categories[0] + (f" ({', '.join(c.categories[1:])})" if len(c.categories) > 1 else "")
         why = c.why.replace("|", "\\|")

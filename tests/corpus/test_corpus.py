@@ -69,8 +69,9 @@ def test_dev_case_top_category(case) -> None:
 def test_must_show_on_both_parts() -> None:
     for part, need in ((DEV, 0.95), (TEST, 0.85)):
         right = sum(doctor_top(c)[0] in c.categories for c in part)
-        floor = sum(keyword_floor(c.log_path.read_text(encoding="utf-8", errors="replace")) in c.categories
-                    for c in part)
+        floor = sum(
+            keyword_floor(c.log_path.read_text(encoding="utf-8", errors="replace")) in c.categories for c in part
+        )
         assert right / len(part) >= need
         if part is TEST:
             assert (right - floor) / len(part) >= 0.30

@@ -38,7 +38,9 @@ def test_fault_is_detected_with_the_right_top_category(lab, fault: str, variant:
     top = diag.findings[0]
     assert top.category == FAULTS[fault].category, [(f.code, f.category, f.confidence) for f in diag.findings]
     assert top.evidence and top.fix
-    expected = "not_sync_problem" if FAULTS[fault].category in ("train.divergence", "hparam.lr_scaling") else "sync_problem"
+    expected = (
+        "not_sync_problem" if FAULTS[fault].category in ("train.divergence", "hparam.lr_scaling") else "sync_problem"
+    )
     assert diag.verdict == expected
 
 
@@ -70,13 +72,16 @@ def _logs_only(run_out: Path, dest: Path) -> Path:
     return dest
 
 
-@pytest.mark.parametrize(("fault", "verdict", "category"), [
-    ("loss-hparam-mismatch", "sync_problem", "loss.definition_mismatch"),
-    ("duplicate-rank-id", "sync_problem", "config.rank_identity"),
-    ("rank-crash", "sync_problem", "process.crash"),
-    ("comm-timeout", "sync_problem", "comm.fault"),
-    ("lr-too-high", "not_sync_problem", "train.divergence"),
-])
+@pytest.mark.parametrize(
+    ("fault", "verdict", "category"),
+    [
+        ("loss-hparam-mismatch", "sync_problem", "loss.definition_mismatch"),
+        ("duplicate-rank-id", "sync_problem", "config.rank_identity"),
+        ("rank-crash", "sync_problem", "process.crash"),
+        ("comm-timeout", "sync_problem", "comm.fault"),
+        ("lr-too-high", "not_sync_problem", "train.divergence"),
+    ],
+)
 def test_logs_alone_give_the_right_verdict(lab, tmp_path: Path, fault: str, verdict: str, category: str) -> None:
     diag = diagnose([_logs_only(lab(fault).out, tmp_path / fault)])
     assert diag.verdict == verdict, [(f.code, f.category) for f in diag.findings]
@@ -96,8 +101,10 @@ PLAYBOOK = [0.25, 0.34, 0.49, 0.28, 0.52, 0.81, 0.96, 0.67, 1.12, 1.56]
 def test_playbook_sequence_and_lines(tmp_path: Path) -> None:
     log = tmp_path / "train.log0"
     lines = [f"step {i}: loss {v}" for i, v in enumerate(PLAYBOOK, 1)]
-    lines += ["[ERROR] GRADIENT_SYNC: Rank 0 and Rank 1 parameter gradient mismatch at step 1200",
-              "[WARNING] Loss shows abnormal fluctuation: from 0.25 to 1.56 within 10 steps"]
+    lines += [
+        "[ERROR] GRADIENT_SYNC: Rank 0 and Rank 1 parameter gradient mismatch at step 1200",
+        "[WARNING] Loss shows abnormal fluctuation: from 0.25 to 1.56 within 10 steps",
+    ]
     log.write_text("\n".join(lines) + "\n")
     diag = diagnose([log])
     assert diag.loss_shape.shape == "sawtooth"
@@ -115,8 +122,9 @@ def test_cli_json_schema_html_and_exit_codes(lab, tmp_path: Path, capsys: pytest
     assert code == 1
     assert data["schema"] == "syncdoctor.diagnosis/1"
     assert data["verdict"] == "sync_problem"
-    assert {"code", "category", "severity", "confidence", "title", "ranks", "step", "tensor", "evidence",
-            "fix"} <= set(data["findings"][0])
+    assert {"code", "category", "severity", "confidence", "title", "ranks", "step", "tensor", "evidence", "fix"} <= set(
+        data["findings"][0]
+    )
     page = html.read_text()
     # Self-contained and light: charts drawn as inline SVG, no script at all.
     assert "<svg" in page and "<script" not in page and html.stat().st_size < 1_000_000

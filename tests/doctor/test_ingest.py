@@ -194,10 +194,7 @@ def test_lines_that_are_not_training_loss(line):
 
 
 def _comparable(points) -> list[tuple]:
-    return [
-        tuple("nan" if isinstance(v, float) and math.isnan(v) else v for v in vars(p).values())
-        for p in points
-    ]
+    return [tuple("nan" if isinstance(v, float) and math.isnan(v) else v for v in vars(p).values()) for p in points]
 
 
 def test_shape_memo_reads_the_same_numbers_as_a_fresh_scan():
@@ -242,13 +239,8 @@ def test_mindspore_lossmonitor_per_epoch_steps_become_global(all_logs):
         assert df["epoch"].to_list() == [1.0] * 5 + [2.0] * 5
     rank1 = _series(all_logs, "train.log1", 1)
     assert math.isnan(rank1["loss"][8])  # "value= nan" kept
-    assert rank1["loss"][7] == pytest.approx(
-        1.44213
-    )  # loss-scale tuple: the loss is the first tensor
-    assert (
-        all_logs.formats[str(FIXTURES / "mindspore_lossmonitor" / "train.log0")]
-        == "mindspore_lossmonitor"
-    )
+    assert rank1["loss"][7] == pytest.approx(1.44213)  # loss-scale tuple: the loss is the first tensor
+    assert all_logs.formats[str(FIXTURES / "mindspore_lossmonitor" / "train.log0")] == "mindspore_lossmonitor"
 
 
 def test_hf_trainer_steps_by_order_and_eval_skipped(all_logs):
@@ -332,10 +324,7 @@ def test_rank_from_file_name_end_to_end(tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"step 1 loss 0.{i}\n")
     data = ingest_logs([tmp_path])
-    got = {
-        Path(s).relative_to(tmp_path).as_posix(): r
-        for s, r in data.losses.select("source", "rank").rows()
-    }
+    got = {Path(s).relative_to(tmp_path).as_posix(): r for s, r in data.losses.select("source", "rank").rows()}
     assert got == {name: i for i, name in enumerate(names)}
     assert not data.warnings
 
@@ -387,17 +376,33 @@ EVENT_LINES = [
     # NCCL's proxy thread: the local peer process went away (it ended first)
     ("node1:12:34 [0] NCCL WARN Connection closed by localRank 1", "exit", False),
     ("node1:12:34 [0] NCCL INFO [Service thread] Connection closed by localRank 2", "exit", False),
-    ("node1:1:2 [0] init.cc:497 NCCL WARN Duplicate GPU detected : rank 6 and rank 0 both on CUDA device 1000",
-     "configuration", False),
-    ("node1:5021:5386 [0] transport/net_ib.cc:93 NCCL WARN NET/IB : Got async event : client reregistration",
-     "network", True),
+    (
+        "node1:1:2 [0] init.cc:497 NCCL WARN Duplicate GPU detected : rank 6 and rank 0 both on CUDA device 1000",
+        "configuration",
+        False,
+    ),
+    (
+        "node1:5021:5386 [0] transport/net_ib.cc:93 NCCL WARN NET/IB : Got async event : client reregistration",
+        "network",
+        True,
+    ),
     ("[1,0]<stderr>:Stalled ops:HorovodBroadcast_dense_1_bias_0 [missing ranks: 1]", "mismatch", False),
     ("Parameter indices which did not receive grad for rank 3: 444 445", "mismatch", False),
-    ("[INFO] [loss_scaler.py:181:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 64, reducing to 32",
-     "overflow", False),
-    ("Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.", "overflow", False),
-    ("EJ0001: 2024-05-21-11:57:54.167.645 Failed to initialize the HCCP process. Reason: Maybe the last training process is running.",
-     "configuration", False),
+    (
+        "[INFO] [loss_scaler.py:181:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 64, reducing to 32",
+        "overflow",
+        False,
+    ),
+    (
+        "Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.",
+        "overflow",
+        False,
+    ),
+    (
+        "EJ0001: 2024-05-21-11:57:54.167.645 Failed to initialize the HCCP process. Reason: Maybe the last training process is running.",
+        "configuration",
+        False,
+    ),
     ("  ran for 721595 milliseconds before timing out", "timeout", False),
     (
         "node1:12:34 [0] NCCL INFO comm 0x55d1c0a0 rank 0 nranks 8 cudaDev 0 busId 1b000 - Init COMPLETE",
@@ -565,9 +570,7 @@ def test_msrun_first_failure_is_found_by_time_not_by_the_scheduler():
     data = ingest_logs([FIXTURES / "msrun"])
     topo = [e for e in data.events if "Topology build timed out" in e.raw]
     assert len(topo) == 3 and all(e.benign and e.kind == "retry" for e in topo)
-    failures = sorted(
-        (e for e in data.events if not e.benign and e.t is not None), key=lambda e: e.t
-    )
+    failures = sorted((e for e in data.events if not e.benign and e.t is not None), key=lambda e: e.t)
     first = failures[0]
     assert (first.kind, first.rank, first.step) == ("oom", 1, 2)
     # the scheduler names node 0, which msrun killed afterwards
@@ -640,10 +643,7 @@ def test_event_step_aligned_by_time_across_files(tmp_path):
 
 
 def test_event_flood_is_capped_with_a_count(tmp_path):
-    lines = [
-        f"node1:1:2 [0] NCCL INFO Call to connect returned Connection refused, retrying {i}"
-        for i in range(1000)
-    ]
+    lines = [f"node1:1:2 [0] NCCL INFO Call to connect returned Connection refused, retrying {i}" for i in range(1000)]
     (tmp_path / "rank0.log").write_text("\n".join(lines) + "\n")
     data = ingest_logs([tmp_path])
     assert 200 <= len(data.events) <= 300

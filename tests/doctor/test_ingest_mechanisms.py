@@ -31,8 +31,7 @@ def _top(diag) -> str:
 
 def test_glued_lines_of_two_ranks_are_split_by_rank(tmp_path):
     (tmp_path / "train.log").write_text(
-        "rank 1 step 50 loss 5.9896rank 0 step 50 loss 0.6566\n"
-        "[rank1]: step 51 loss 5.1[rank0]: step 51 loss 0.61\n"
+        "rank 1 step 50 loss 5.9896rank 0 step 50 loss 0.6566\n[rank1]: step 51 loss 5.1[rank0]: step 51 loss 0.61\n"
     )
     rows = ingest_logs([tmp_path]).losses.select("rank", "step", "loss").rows()
     assert sorted(rows) == [(0, 50, 0.6566), (0, 51, 0.61), (1, 50, 5.9896), (1, 51, 5.1)]
@@ -62,22 +61,30 @@ def test_validation_loss_of_megatron_is_not_training_loss(tmp_path):
 
 
 def test_facts_read_from_communicator_messages():
-    assert duplicate_device("init.cc:497 NCCL WARN Duplicate GPU detected : rank 6 and rank 0 both on CUDA device 1000") == (6, 0, "1000")
+    assert duplicate_device(
+        "init.cc:497 NCCL WARN Duplicate GPU detected : rank 6 and rank 0 both on CUDA device 1000"
+    ) == (6, 0, "1000")
     assert stalled_ranks("Stalled ops:HorovodBroadcast_dense_1_bias_0 [missing ranks: 1]") == ({1}, set())
     assert stalled_ranks("allreduce.conv1.weight [ready ranks: 5, 1, 4]") == (set(), {1, 4, 5})
     assert peer_closed("node:1:2 [0] NCCL INFO [Service thread] Connection closed by localRank 3") == 3
-    assert loss_scale("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 64, reducing to 32").scale == 32
+    assert (
+        loss_scale("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 64, reducing to 32").scale == 32
+    )
     assert loss_scale("Exception: Current loss scale already at minimum - cannot decrease scale anymore.").at_minimum
     assert loss_scale("[Rank 0] step=2000, skipped=1995, lr=[0.001]").skip_counter == (2000, 1995)
 
 
 def test_loss_scale_warm_up_is_left_alone_and_collapse_is_named(tmp_path):
-    warm = "\n".join(f"[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {2 ** k}, reducing to {2 ** (k - 1)}"
-                     for k in range(16, 10, -1))
+    warm = "\n".join(
+        f"[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {2**k}, reducing to {2 ** (k - 1)}"
+        for k in range(16, 10, -1)
+    )
     (tmp_path / "warm.log").write_text(warm + "\n[Rank 0] step=100, skipped=6, lr=[1e-05]\n")
     assert _top(diagnose([tmp_path / "warm.log"])) == "healthy"
-    collapse = "\n".join(f"[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {2 ** k}, reducing to {2 ** (k - 1)}"
-                         for k in range(6, 1, -1))
+    collapse = "\n".join(
+        f"[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {2**k}, reducing to {2 ** (k - 1)}"
+        for k in range(6, 1, -1)
+    )
     (tmp_path / "collapse.log").write_text(collapse + "\n")
     assert _top(diagnose([tmp_path / "collapse.log"])) == "numeric.overflow"
 

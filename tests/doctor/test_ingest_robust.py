@@ -62,8 +62,7 @@ def test_explicit_binary_file_is_read_with_a_warning(tmp_path):
 def test_non_utf8_bytes_are_replaced(tmp_path):
     log = tmp_path / "train.log"
     log.write_bytes(
-        "步骤 1 训练\n".encode("gbk")
-        + b"step 2 loss 0.5 \xff\xfe\n[ERROR] HCCL \xe4\xb8 connect timeout\n"
+        "步骤 1 训练\n".encode("gbk") + b"step 2 loss 0.5 \xff\xfe\n[ERROR] HCCL \xe4\xb8 connect timeout\n"
     )
     data = ingest_logs([log])
     assert data.losses.select("step", "loss", "line").rows() == [(2, 0.5, 2)]
@@ -139,9 +138,7 @@ def test_unreadable_file_is_a_warning(tmp_path):
     assert data.losses.height == 1 and any("b.log" in w for w in data.warnings)
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=4000))
 def test_random_bytes_never_raise(tmp_path, blob):
     path = tmp_path / "fuzz.log"
@@ -206,9 +203,7 @@ def test_chunked_scan_numbers_lines_exactly(lines, chunk_bytes):
     assert len(blob) < MAX_LINE_BYTES
 
 
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     st.lists(st.text(alphabet="abc xyz=:|[]{}'\"0123456789.-", max_size=40), max_size=30),
     st.integers(0, 30),

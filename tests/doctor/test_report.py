@@ -103,9 +103,7 @@ def test_json_is_strict_stable_and_nan_safe():
     assert list(data)[:3] == ["schema", "verdict", "loss_shape"]
     assert data["loss_shape"]["trend"] is None  # inf
     assert data["ranks"][1]["last_loss"] is None and data["ranks"][2]["last_loss"] == 1e308
-    assert (
-        data["ranks"][1]["grad_norm"] == 0.0 and math.copysign(1, data["ranks"][1]["grad_norm"]) < 0
-    )
+    assert data["ranks"][1]["grad_norm"] == 0.0 and math.copysign(1, data["ranks"][1]["grad_norm"]) < 0
     assert data["loss_series"]["1"][30] == [30.0, None]
     assert data["findings"][1]["confidence"] is None
     assert list(data["loss_series"]) == ["0", "1", "2", "3"]

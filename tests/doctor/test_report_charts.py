@@ -37,9 +37,9 @@ def _decode_png(uri: str) -> np.ndarray:
     width, height = struct.unpack(">II", data[16:24])
     pos, idat = 8, b""
     while pos < len(data):
-        (n,) = struct.unpack(">I", data[pos:pos + 4])
-        if data[pos + 4:pos + 8] == b"IDAT":
-            idat += data[pos + 8:pos + 8 + n]
+        (n,) = struct.unpack(">I", data[pos : pos + 4])
+        if data[pos + 4 : pos + 8] == b"IDAT":
+            idat += data[pos + 8 : pos + 8 + n]
         pos += 12 + n
     raw = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, 1 + 3 * width)
     assert (raw[:, 0] == 0).all()
@@ -47,8 +47,9 @@ def _decode_png(uri: str) -> np.ndarray:
 
 
 def _charts(page: str) -> dict[str, str]:
-    return {m.group(1): m.group(0) for m in re.finditer(r'<svg class="chart"[^>]*aria-label="([^"]+)".*?</svg>',
-                                                       page, re.S)}
+    return {
+        m.group(1): m.group(0) for m in re.finditer(r'<svg class="chart"[^>]*aria-label="([^"]+)".*?</svg>', page, re.S)
+    }
 
 
 def _grid(svg: str) -> np.ndarray:
@@ -61,8 +62,11 @@ def _colour_share(grid: np.ndarray, rgb: tuple[int, int, int]) -> float:
 
 def _last_x(svg: str) -> float:
     """The right-most point any line reaches, in SVG units."""
-    xs = [float(x) for d in re.findall(r'<path class="line[^"]*"[^>]* d="([^"]+)"', svg)
-          for x in re.findall(r"[ML](-?[\d.]+) ", d)]
+    xs = [
+        float(x)
+        for d in re.findall(r'<path class="line[^"]*"[^>]* d="([^"]+)"', svg)
+        for x in re.findall(r"[ML](-?[\d.]+) ", d)
+    ]
     return max(xs)
 
 
@@ -94,8 +98,11 @@ def five_steps(tmp_path_factory) -> Diagnosis:
 def test_five_step_run_fills_every_chart(five_steps, tmp_path):
     page = render_html(five_steps)
     charts = _charts(page)
-    assert set(charts) == {"replica agreement per check, rank by step", "loss per rank by step",
-                           "gradient norm per rank by step"}
+    assert set(charts) == {
+        "replica agreement per check, rank by step",
+        "loss per rank by step",
+        "gradient norm per rank by step",
+    }
     agreement = _grid(charts["replica agreement per check, rank by step"])
     assert agreement.shape[0] == 2  # one row per rank
     first = int(np.argmax((agreement != 255).any(axis=2).any(axis=0)))
@@ -125,10 +132,10 @@ def test_lab_dropped_rank_report_marks_the_left_out_rank(lab, tmp_path):
     # at the first disagreeing check (the per-rank table names the left-out one).
     last = max(r.steps for r in diag.ranks)
     x1, x50 = (int(_x_of("", s, 1, last) - ch.LEFT) for s in (1, 50))
-    assert (agreement[:, x50 + 1:] == RED).all()
+    assert (agreement[:, x50 + 1 :] == RED).all()
     assert "ranks 0, 1 disagree</span>: no majority of the 2 says which side is right" in page
     assert status[0] == "not averaged"
-    assert (agreement[:, x1 + 1: x50 - 1] == GREEN).all() and (agreement[:, : x1 - 1] == WHITE).all()
+    assert (agreement[:, x1 + 1 : x50 - 1] == GREEN).all() and (agreement[:, : x1 - 1] == WHITE).all()
     loss = charts["loss per rank by step"]
     assert 'class="bracket"' in loss and "replicas parted between step 41 and 50" in loss
     assert abs(_last_x(loss) - (ch.WIDTH - ch.RIGHT - ch.PLOT_W * 0.015 / 1.03)) < 2
@@ -138,8 +145,11 @@ def test_lab_dropped_rank_report_marks_the_left_out_rank(lab, tmp_path):
     assert norms[0] != norms[1]
     # The probe's own mismatch lines are in the events table, with the step they name
     # (and when they were logged), kind unbroken; the chart marks only the comm event.
-    assert re.search(r'<td class="nowrap">mismatch</td><td class="num">\d</td>'
-                     r'<td class="nowrap">50 <span class="detail">\(logged at \d+\)</span></td>', page)
+    assert re.search(
+        r'<td class="nowrap">mismatch</td><td class="num">\d</td>'
+        r'<td class="nowrap">50 <span class="detail">\(logged at \d+\)</span></td>',
+        page,
+    )
     assert loss.count('class="evt"') == 1 and "timeout" in re.search(r'class="evt".*?</path>', loss).group(0)
     if CHROMIUM:
         _shoot(page, "report-150-steps-dropped-rank", tmp_path)
@@ -156,11 +166,11 @@ def test_100k_steps_by_256_ranks(tmp_path):
     parted_from = int(np.argmax((agreement[7] == RED).all(axis=1)))
     assert abs(parted_from - (_x_of("", 41_250, 1, 100_000) - ch.LEFT)) <= 1
     x1 = int(_x_of("", 1, 1, 100_000) - ch.LEFT)
-    assert _colour_share(np.delete(agreement, 7, axis=0)[:, x1 + 1:], GREEN) == 1.0
+    assert _colour_share(np.delete(agreement, 7, axis=0)[:, x1 + 1 :], GREEN) == 1.0
     grad = _grid(charts["gradient norm, rank by step"])
     assert grad.shape[:2] == (256, ch.PLOT_W)
     x100, xend = (int(_x_of("", s, 1, 100_000) - ch.LEFT) for s in (100, 100_000))
-    assert _colour_share(grad[:, x100 + 1: xend], WHITE) == 0.0  # every rank's norms fill the run
+    assert _colour_share(grad[:, x100 + 1 : xend], WHITE) == 0.0  # every rank's norms fill the run
     # Rank 7's norm is three times the others' after the onset: the brightest row.
     brightness = grad[:, -100:].astype(int).sum(axis=2).mean(axis=1)
     assert int(np.argmax(brightness)) == 7

@@ -14,9 +14,11 @@ def test_collective_mismatch_from_a_log_line(lab, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(lab("clean").out, run)
     with (run / "train.log1").open("a") as log:
-        log.write("[rank1]: RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running "
-                  "collective: CollectiveFingerPrint(SequenceNumber=12, OpType=ALLREDUCE), but Rank 0 is "
-                  "running collective: CollectiveFingerPrint(SequenceNumber=12, OpType=BROADCAST).\n")
+        log.write(
+            "[rank1]: RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running "
+            "collective: CollectiveFingerPrint(SequenceNumber=12, OpType=ALLREDUCE), but Rank 0 is "
+            "running collective: CollectiveFingerPrint(SequenceNumber=12, OpType=BROADCAST).\n"
+        )
     diag = diagnose([run])
     assert diag.findings[0].code == "SD404"
     assert diag.findings[0].category == "sync.control_flow"

@@ -11,23 +11,58 @@ from typing import Any
 from syncdoctor.doctor.diagnose import diagnose
 
 
-def write_run(root: Path, snapshots: list[dict[str, Any]], steps: int = 20,
-              step_fields: dict[int, dict[str, Any]] | None = None) -> Path:
+def write_run(
+    root: Path, snapshots: list[dict[str, Any]], steps: int = 20, step_fields: dict[int, dict[str, Any]] | None = None
+) -> Path:
     records = root / "records"
     records.mkdir(parents=True)
     for rank, extra in enumerate(snapshots):
-        snap = {"v": 1, "kind": "snapshot", "rank": rank, "world_size": len(snapshots), "framework": "torch",
-                "host": "node0", "env": {"RANK": str(rank)}, "loss": {"type": "CrossEntropyLoss", "params": {}},
-                "optimizer": {"type": "SGD", "param_groups": [{"lr": 0.1}]}, "ddp": {"wrapper": "FSDPNet"},
-                "init_param_fp": 11, "init_param_fp_before_update": True, **extra}
+        snap = {
+            "v": 1,
+            "kind": "snapshot",
+            "rank": rank,
+            "world_size": len(snapshots),
+            "framework": "torch",
+            "host": "node0",
+            "env": {"RANK": str(rank)},
+            "loss": {"type": "CrossEntropyLoss", "params": {}},
+            "optimizer": {"type": "SGD", "param_groups": [{"lr": 0.1}]},
+            "ddp": {"wrapper": "FSDPNet"},
+            "init_param_fp": 11,
+            "init_param_fp_before_update": True,
+            **extra,
+        }
         lines = [snap]
         for step in range(1, steps + 1):
-            rec = {"v": 1, "kind": "step", "rank": rank, "step": step, "micro": 1, "backward": step,
-                   "opt_steps": step, "t": 1000.0 + step, "loss": 2.0 / step, "lr": 0.1, "param_fp": 5 + step,
-                   "train_mode": "3/3", **(step_fields or {}).get(rank, {})}
+            rec = {
+                "v": 1,
+                "kind": "step",
+                "rank": rank,
+                "step": step,
+                "micro": 1,
+                "backward": step,
+                "opt_steps": step,
+                "t": 1000.0 + step,
+                "loss": 2.0 / step,
+                "lr": 0.1,
+                "param_fp": 5 + step,
+                "train_mode": "3/3",
+                **(step_fields or {}).get(rank, {}),
+            }
             lines.append(rec)
-        lines.append({"v": 1, "kind": "check", "rank": rank, "step": steps, "status": "ok", "what": [], "ranks": [],
-                      "tensor": None, "detail": {"first_step": 1, "checks": 4}})
+        lines.append(
+            {
+                "v": 1,
+                "kind": "check",
+                "rank": rank,
+                "step": steps,
+                "status": "ok",
+                "what": [],
+                "ranks": [],
+                "tensor": None,
+                "detail": {"first_step": 1, "checks": 4},
+            }
+        )
         lines.append({"v": 1, "kind": "end", "rank": rank, "step": steps, "t": 2000.0, "status": "ok", "message": ""})
         (records / f"rank{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return root
@@ -36,8 +71,20 @@ def write_run(root: Path, snapshots: list[dict[str, Any]], steps: int = 20,
 def test_probe_disabled_on_a_rank_is_never_healthy(tmp_path: Path) -> None:
     run = write_run(tmp_path / "off", [{}, {}])
     with (run / "records" / "rank1.jsonl").open("a") as fh:
-        fh.write(json.dumps({"v": 1, "kind": "event", "rank": 1, "t": 1001.0, "step": 0, "event": "exception",
-                             "message": "probe disabled: RuntimeError: .numpy() is not supported"}) + "\n")
+        fh.write(
+            json.dumps(
+                {
+                    "v": 1,
+                    "kind": "event",
+                    "rank": 1,
+                    "t": 1001.0,
+                    "step": 0,
+                    "event": "exception",
+                    "message": "probe disabled: RuntimeError: .numpy() is not supported",
+                }
+            )
+            + "\n"
+        )
     diag = diagnose([run])
     assert diag.verdict == "inconclusive"
     assert "probe disabled itself on 1 of 2 ranks" in diag.warnings[0]

@@ -120,9 +120,7 @@ def test_alternating_and_staged_jumps_are_sawtooth():
     rng = np.random.default_rng(0)
     alternating = np.tile([0.3, 1.2], 30) * (1 + rng.normal(0, 0.03, 60))
     assert classify(alternating).shape == "sawtooth"
-    stages = np.repeat([0.3, 0.9, 0.3, 0.9, 0.4, 1.0, 0.3, 0.9], 25) * (
-        1 + rng.normal(0, 0.03, 200)
-    )
+    stages = np.repeat([0.3, 0.9, 0.3, 0.9, 0.4, 1.0, 0.3, 0.9], 25) * (1 + rng.normal(0, 0.03, 200))
     assert classify(stages).shape == "sawtooth", classify(stages).detail
 
 

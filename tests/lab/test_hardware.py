@@ -52,8 +52,11 @@ def test_bit_flip_on_rank_2_of_4_is_named_healed_and_trains_on(lab) -> None:
     assert done[0]["heal"]["odd"] == [2] and done[0]["heal"]["source"] != 2
     assert healed_at == first["step"]  # decided at the check that saw it: the copy took no further step
     # Every replica bitwise equal to the others at every later check.
-    later = (records.steps.filter(pl.col("param_fp").is_not_null() & (pl.col("step") > healed_at))
-             .group_by("step").agg(pl.col("param_fp").n_unique().alias("k"), pl.len().alias("n")))
+    later = (
+        records.steps.filter(pl.col("param_fp").is_not_null() & (pl.col("step") > healed_at))
+        .group_by("step")
+        .agg(pl.col("param_fp").n_unique().alias("k"), pl.len().alias("n"))
+    )
     assert later.height >= 3 and (later["k"] == 1).all() and (later["n"] == 4).all()
     assert all(c["status"] == "ok" for c in records.checks if c["step"] > healed_at)
     # The flip lands just before the update of a check step and is healed at that check,
@@ -61,18 +64,26 @@ def test_bit_flip_on_rank_2_of_4_is_named_healed_and_trains_on(lab) -> None:
     # lab is deterministic per seed): same loss, same accuracy (the 3-seed table and a
     # flip mid-interval are in docs/hardware.md, from benchmarks/bitflip_effects.py).
     clean = lab("clean", world_size=4)
-    fps = {out: read_run(out).steps.filter(pl.col("param_fp").is_not_null() & (pl.col("step") > healed_at))
-           .sort("step", "rank")["param_fp"].to_list() for out in (run.out, clean.out)}
+    fps = {
+        out: read_run(out)
+        .steps.filter(pl.col("param_fp").is_not_null() & (pl.col("step") > healed_at))
+        .sort("step", "rank")["param_fp"]
+        .to_list()
+        for out in (run.out, clean.out)
+    }
     assert fps[run.out] and fps[run.out] == fps[clean.out]
     assert final_loss(run.out) == final_loss(clean.out) and run.accuracy == clean.accuracy
 
 
-@pytest.mark.parametrize(("fault", "refusal"), [
-    ("optimizer-state-mismatch", "config differ"),  # a configuration bug
-    ("init-mismatch", "differ from the first check"),  # a seed bug
-    # A data bug (duplicate-rank-id) leaves the copies equal: nothing for heal to act on;
-    # benchmarks/bitflip_effects.py measures it (SD201 under heal), not run here to spare CI a run.
-])
+@pytest.mark.parametrize(
+    ("fault", "refusal"),
+    [
+        ("optimizer-state-mismatch", "config differ"),  # a configuration bug
+        ("init-mismatch", "differ from the first check"),  # a seed bug
+        # A data bug (duplicate-rank-id) leaves the copies equal: nothing for heal to act on;
+        # benchmarks/bitflip_effects.py measures it (SD201 under heal), not run here to spare CI a run.
+    ],
+)
 def test_a_bug_under_heal_is_not_healed_and_diagnosed_as_before(lab, fault: str, refusal: str | None) -> None:
     run = lab(fault, world_size=4, on_mismatch="heal")
     assert not heals(run.out, "healed")
@@ -123,8 +134,13 @@ def test_several_runs_point_at_the_host_that_recurs(lab, tmp_path: Path, capsys)
     data = json.loads(capsys.readouterr().out)
     assert code == 1 and data["schema"] == "syncdoctor.diagnosis-runs/1"
     assert [r["diagnosis"]["verdict"] for r in data["runs"]] == ["sync_problem"] * 3 + ["healthy"]
-    assert data["runs"][0]["suspects"][0] == {"rank": 2, "host": "node-b", "device": "LOCAL_RANK=2",
-                                              "named": True, "step": data["runs"][0]["suspects"][0]["step"]}
+    assert data["runs"][0]["suspects"][0] == {
+        "rank": 2,
+        "host": "node-b",
+        "device": "LOCAL_RANK=2",
+        "named": True,
+        "step": data["runs"][0]["suspects"][0]["step"],
+    }
     hosts = data["across_runs"]["hosts"]
     assert hosts[0]["host"] == "node-b" and hosts[0]["named"] == 2 and hosts[0]["candidate"] == 1
     assert any(line.startswith("recurring: host node-b") for line in data["across_runs"]["summary"])

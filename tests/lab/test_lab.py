@@ -19,10 +19,25 @@ from syncdoctor.records import read_run
 from tests.conftest import pids_running_with
 
 REQUIRED_FAULTS = {
-    "unseeded-shuffle", "shuffle-after-shard", "shard-overlap", "uneven-shards", "duplicate-rank-id",
-    "dropped-rank", "grad-accum-misaligned", "skipped-step", "extra-step", "loss-hparam-mismatch", "grad-sum",
-    "optimizer-state-mismatch", "init-mismatch", "mode-mismatch", "buffer-divergence", "fp16-overflow",
-    "lr-not-scaled", "rank-crash", "comm-timeout",
+    "unseeded-shuffle",
+    "shuffle-after-shard",
+    "shard-overlap",
+    "uneven-shards",
+    "duplicate-rank-id",
+    "dropped-rank",
+    "grad-accum-misaligned",
+    "skipped-step",
+    "extra-step",
+    "loss-hparam-mismatch",
+    "grad-sum",
+    "optimizer-state-mismatch",
+    "init-mismatch",
+    "mode-mismatch",
+    "buffer-divergence",
+    "fp16-overflow",
+    "lr-not-scaled",
+    "rank-crash",
+    "comm-timeout",
 }
 
 
@@ -32,8 +47,11 @@ def steps_of(result) -> pl.DataFrame:
 
 def differing_steps(steps: pl.DataFrame, column: str) -> list[int]:
     """Steps at which `column` is not the same on every rank."""
-    per = (steps.filter(pl.col(column).is_not_null()).group_by("step")
-           .agg(pl.col(column).n_unique().alias("k"), pl.len().alias("n")))
+    per = (
+        steps.filter(pl.col(column).is_not_null())
+        .group_by("step")
+        .agg(pl.col(column).n_unique().alias("k"), pl.len().alias("n"))
+    )
     return sorted(per.filter((pl.col("k") > 1) & (pl.col("n") > 1))["step"].to_list())
 
 
@@ -191,8 +209,10 @@ def test_rank_crash_ends_every_rank_with_the_real_errors_in_bounded_time(lab) ->
     survivor = (result.out / "train.log0").read_text()
     # gloo's words for the lost peer depend on which wait noticed it first (on a loaded
     # machine its own timeout can close the pair before the closed socket is seen).
-    assert any(words in survivor for words in ("Connection closed by peer", "Connection reset",
-                                               "Application timeout caused pair closure")), survivor[-2000:]
+    assert any(
+        words in survivor
+        for words in ("Connection closed by peer", "Connection reset", "Application timeout caused pair closure")
+    ), survivor[-2000:]
 
 
 def test_comm_timeout_produces_the_real_timeout_error(lab) -> None:
@@ -221,8 +241,7 @@ def test_faults_run_at_world_size_4(lab, fault: str) -> None:
 @pytest.mark.slow
 def test_an_interrupted_run_leaves_no_process(tmp_path) -> None:
     out = tmp_path / "interrupted"
-    code = ("from syncdoctor.lab.runner import run_lab; "
-            f"run_lab('clean', world_size=2, steps=2000, out={str(out)!r})")
+    code = f"from syncdoctor.lab.runner import run_lab; run_lab('clean', world_size=2, steps=2000, out={str(out)!r})"
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "| step 5 |" not in _read(out / "train.log0"):

@@ -26,7 +26,9 @@ def mesh_run(tmp_path_factory: pytest.TempPathFactory):
         if (style, fault) not in cache:
             out = tmp_path_factory.mktemp("mesh") / f"{style}-{fault}"
             result = run_mesh(style, fault, out, steps=30, onset=ONSET, check_every=CHECK_EVERY, timeout_s=600)
-            assert result.exit_code == 0 and not result.timed_out, (out.parent / f"{out.name}.console.log").read_text()[-3000:]
+            assert result.exit_code == 0 and not result.timed_out, (out.parent / f"{out.name}.console.log").read_text()[
+                -3000:
+            ]
             cache[(style, fault)] = out
         return cache[(style, fault)]
 

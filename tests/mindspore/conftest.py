@@ -58,12 +58,32 @@ def zero_code_run(out: Path, env: dict[str, str], script: Path = HERE / "user_tr
 
     bin_dir = Path(sys.executable).parent
     # K=10, as these jobs were written for (32 steps): the probes' shared default is 50.
-    child_env = {**os.environ, CHECK_EVERY_ENV: "10", VALIDATE_RECORDS_ENV: "1", **env, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-                 "OMP_NUM_THREADS": "1", "GLOG_v": "2"}
+    child_env = {
+        **os.environ,
+        CHECK_EVERY_ENV: "10",
+        VALIDATE_RECORDS_ENV: "1",
+        **env,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "OMP_NUM_THREADS": "1",
+        "GLOG_v": "2",
+    }
     msrun_logs = out.with_name(out.name + "-msrun")
-    cmd = [str(bin_dir / "syncdoctor"), "run", "--out", str(out), "--", str(bin_dir / "msrun"),
-           "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-           f"--log_dir={msrun_logs}", "--join=True", "--cluster_time_out=60", str(script)]
+    cmd = [
+        str(bin_dir / "syncdoctor"),
+        "run",
+        "--out",
+        str(out),
+        "--",
+        str(bin_dir / "msrun"),
+        "--worker_num=2",
+        "--local_worker_num=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        f"--log_dir={msrun_logs}",
+        "--join=True",
+        "--cluster_time_out=60",
+        str(script),
+    ]
     t0 = time.monotonic()
     with open(out.with_name(out.name + ".out"), "wb") as log:
         proc = subprocess.Popen(cmd, env=child_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -82,9 +102,14 @@ def zero_code_run(out: Path, env: dict[str, str], script: Path = HERE / "user_tr
     # SYNCDOCTOR_RUN_DIR they inherit. Whatever is left is killed, and reported.
     survivors = _sweep(str(out), env=run_dir_entry(out))
     _kill_group(proc.pid, signal.SIGKILL)
-    return {"dir": out, "returncode": proc.returncode, "timed_out": timed_out, "survivors": survivors,
-            "duration_s": round(time.monotonic() - t0, 1),
-            "logs": sorted(str(p) for p in msrun_logs.glob("*.log"))}
+    return {
+        "dir": out,
+        "returncode": proc.returncode,
+        "timed_out": timed_out,
+        "survivors": survivors,
+        "duration_s": round(time.monotonic() - t0, 1),
+        "logs": sorted(str(p) for p in msrun_logs.glob("*.log")),
+    }
 
 
 class Jobs:

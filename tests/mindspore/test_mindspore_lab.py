@@ -230,8 +230,10 @@ def test_probe_imports_without_torch() -> None:
     """The MindSpore probe must not need torch (the mindspore extra does not bring it)."""
     import subprocess
 
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "import syncdoctor.probe.mindspore, syncdoctor.probe.mindspore_auto, syncdoctor.probe.fingerprint_np")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import syncdoctor.probe.mindspore, syncdoctor.probe.mindspore_auto, syncdoctor.probe.fingerprint_np"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -256,4 +258,5 @@ def test_doctor_names_each_fault_and_clears_the_baseline(runs: dict[str, Any], n
     else:
         assert diag.findings, f"{name}: nothing found"
         assert diag.findings[0].category == FAULTS[fault].category, [
-            (f.code, f.category, f.confidence) for f in diag.findings]
+            (f.code, f.category, f.confidence) for f in diag.findings
+        ]

@@ -14,9 +14,13 @@ from conftest import ZERO_CODE, run_dir_entry  # type: ignore[import-not-found]
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow, pytest.mark.timeout(3000)]
 
 STYLES = ("model", "cell", "functional")
-STYLE_LINE = {"model": "to Model.train (PyNative", "cell": "to train cell TrainOneStepCell (PyNative)",
-              "functional": "to functional: value_and_grad + optimizer(grads) (Momentum, PyNative)",
-              "cell-graph": "to train cell TrainOneStepCell (GRAPH)", "jit": "to a jitted step function `train_step`"}
+STYLE_LINE = {
+    "model": "to Model.train (PyNative",
+    "cell": "to train cell TrainOneStepCell (PyNative)",
+    "functional": "to functional: value_and_grad + optimizer(grads) (Momentum, PyNative)",
+    "cell-graph": "to train cell TrainOneStepCell (GRAPH)",
+    "jit": "to a jitted step function `train_step`",
+}
 
 
 def records(run: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
@@ -95,6 +99,7 @@ def test_graph_mode_and_jitted_step_name_all_three_faults(ms_jobs, style: str) -
 def test_functional_style_measures_the_reduction(ms_jobs) -> None:
     """PyNative: the reducer's input (local gradients) and output are reachable, and
     summing (gradients_mean=False) doubles the reduced gradient on 2 ranks."""
+
     def ratios(name: str) -> list[float]:
         lines = records(ms_jobs.get(name))[0]
         return sorted(x["reduce_ratio"] for x in lines if x["kind"] == "step" and "reduce_ratio" in x)
@@ -120,11 +125,17 @@ def test_no_step_seen_says_how_to_fix(tmp_path: Path) -> None:
         "data = ds.NumpySlicesDataset({'x': np.zeros((64, 2), np.float32)}, shuffle=False).batch(2)\n"
         "w = np.zeros(2)\n"
         "for (x,) in data.create_tuple_iterator(output_numpy=True):\n"
-        "    w -= 0.1 * x.mean(0)\n")
+        "    w -= 0.1 * x.mean(0)\n"
+    )
     out = tmp_path / "run"
     env = {**os.environ, "RANK_ID": "0", "RANK_SIZE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "syncdoctor.cli", "run", "--out", str(out), "--",
-                           sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "syncdoctor.cli", "run", "--out", str(out), "--", sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "the probe could not attach" in proc.stderr and "MindSporeProbe(net, optimizer)" in proc.stderr
 

@@ -28,16 +28,18 @@ ms.set_context(mode=ms.GRAPH_MODE if style == "cell-graph" else ms.PYNATIVE_MODE
 ms.set_device("CPU")
 init()
 rank, world = get_rank(), get_group_size()
-ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL,
-                             gradients_mean=os.environ.get("GRAD_MEAN", "1") != "0")
+ms.set_auto_parallel_context(
+    parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=os.environ.get("GRAD_MEAN", "1") != "0"
+)
 if seeded:
     ms.set_seed(1)
 
 rng = np.random.default_rng(0)
 x = rng.normal(size=(512, 16)).astype(np.float32)
 y = (x[:, :8].sum(1) > x[:, 8:].sum(1)).astype(np.int32)
-data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=True, num_shards=world,
-                             shard_id=rank).batch(16, drop_remainder=True)
+data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=True, num_shards=world, shard_id=rank).batch(
+    16, drop_remainder=True
+)
 
 net = nn.SequentialCell(nn.Dense(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(p=0.1), nn.Dense(32, 2))
 loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -45,6 +47,7 @@ optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9
 epochs = 2
 
 if style == "model":
+
     class LeftInEval(ms.train.Callback):
         """A rank-local callback (an evaluation on one rank) that leaves the net in eval mode."""
 
@@ -66,6 +69,7 @@ elif style in ("cell", "cell-graph"):
         print(f"epoch: {epoch + 1}, loss is {float(loss.asnumpy()):.4f}", flush=True)
 
 else:
+
     def forward(xb, yb):
         return loss_fn(net(xb), yb)
 

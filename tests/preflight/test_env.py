@@ -45,14 +45,18 @@ def test_records_with_duplicate_rank_id_and_device(tmp_path: Path) -> None:
 
 
 def test_records_clean(tmp_path: Path) -> None:
-    run = _run_dir(tmp_path, [{"RANK_ID": "0", "RANK_SIZE": "2", "DEVICE_ID": "0"},
-                              {"RANK_ID": "1", "RANK_SIZE": "2", "DEVICE_ID": "1"}])
+    run = _run_dir(
+        tmp_path,
+        [{"RANK_ID": "0", "RANK_SIZE": "2", "DEVICE_ID": "0"}, {"RANK_ID": "1", "RANK_SIZE": "2", "DEVICE_ID": "1"}],
+    )
     assert run_preflight([run]) == []
 
 
 def test_records_rank_size_against_rank_table(tmp_path: Path, fixtures: Path) -> None:
-    run = _run_dir(tmp_path, [{"RANK_ID": "0", "RANK_SIZE": "2", "DEVICE_ID": "0"},
-                              {"RANK_ID": "1", "RANK_SIZE": "2", "DEVICE_ID": "1"}])
+    run = _run_dir(
+        tmp_path,
+        [{"RANK_ID": "0", "RANK_SIZE": "2", "DEVICE_ID": "0"}, {"RANK_ID": "1", "RANK_SIZE": "2", "DEVICE_ID": "1"}],
+    )
     [finding] = run_preflight([run], fixtures / "rank_tables" / "good_v1.json")
     assert finding.code == "PF107"
 
@@ -61,11 +65,16 @@ def test_records_code_differs_between_ranks(tmp_path: Path) -> None:
     records = tmp_path / "run" / "records"
     records.mkdir(parents=True)
     for rank, digest in enumerate(["aa" * 32, "bb" * 32]):
-        code = {"entry": "/job/train.py", "entry_sha256": digest,
-                "files": {"/job/train.py": digest, "/job/loss.py": "cc" * 32}}
+        code = {
+            "entry": "/job/train.py",
+            "entry_sha256": digest,
+            "files": {"/job/train.py": digest, "/job/loss.py": "cc" * 32},
+        }
         (records / f"rank{rank}.jsonl").write_text(
-            _snapshot(rank, {"RANK": str(rank), "WORLD_SIZE": "2"}, code=code,
-                      versions={"python": "3.11.7", "torch": "2.3.0"}))
+            _snapshot(
+                rank, {"RANK": str(rank), "WORLD_SIZE": "2"}, code=code, versions={"python": "3.11.7", "torch": "2.3.0"}
+            )
+        )
     [finding] = run_preflight([tmp_path / "run"])
     assert finding.code == "PF402" and "train.py" in finding.message
 

@@ -52,8 +52,7 @@ def test_cli_exit_codes(tmp_path: Path, fixtures: Path, capsys: pytest.CaptureFi
     assert main(["preflight", str(RULES / "PF307" / "fire.py")]) == 0  # warnings only
     assert main(["preflight", str(tmp_path / "missing")]) == 2
     assert main(["preflight", "--compare", str(tmp_path / "one.json")]) == 2
-    assert main(["preflight", "--no-environ", "--rank-table",
-                 str(fixtures / "rank_tables" / "three_errors.json")]) == 1
+    assert main(["preflight", "--no-environ", "--rank-table", str(fixtures / "rank_tables" / "three_errors.json")]) == 1
     out = capsys.readouterr().out
     assert "three_errors.json:3:5 PF101 server_count is 3 but 2 servers are listed" in out
 

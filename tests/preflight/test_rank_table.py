@@ -25,8 +25,7 @@ def test_correct_tables_are_silent(fixtures: Path, name: str) -> None:
 
 def test_other_table_mistakes(fixtures: Path) -> None:
     findings = run_preflight([fixtures / "rank_tables" / "bad_misc.json"])
-    assert codes(findings) == [("PF104", 9), ("PF105", 9), ("PF108", 13), ("PF103", 16),
-                               ("PF109", 20)]
+    assert codes(findings) == [("PF104", 9), ("PF105", 9), ("PF108", 13), ("PF103", 16), ("PF109", 20)]
 
 
 def test_malformed_json_names_line_and_column(fixtures: Path) -> None:

@@ -26,12 +26,23 @@ def run_job(tmp_path: Path, mode: str, wait_s: float = 10.0) -> tuple[Path, list
     port = free_port()
     envs = []
     for rank in range(WORLD):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
-                   SYNCDOCTOR_HEAL_WAIT_S=str(wait_s))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(WORLD),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            GLOO_SOCKET_IFNAME="lo",
+            SYNCDOCTOR_HEAL_WAIT_S=str(wait_s),
+        )
         envs.append(env)
-    codes, timed_out = run_ranks([[sys.executable, str(SCRIPT), str(run_dir), mode]] * WORLD, envs,
-                                 [run_dir / f"log{r}" for r in range(WORLD)], timeout_s=240)
+    codes, timed_out = run_ranks(
+        [[sys.executable, str(SCRIPT), str(run_dir), mode]] * WORLD,
+        envs,
+        [run_dir / f"log{r}" for r in range(WORLD)],
+        timeout_s=240,
+    )
     assert not timed_out, [(run_dir / f"log{r}").read_text()[-2000:] for r in range(WORLD)]
     return run_dir, codes
 

@@ -43,12 +43,16 @@ def _alive_in_sessions(sids: set[int]) -> list[int]:
     return left
 
 
-@pytest.mark.parametrize(("where", "step", "extra"), [
-    ("record", PAUSE_STEP, []),  # an every-step record, in the memory-mapped tail
-    ("record", DEFAULT_CHECK_EVERY, []),  # a check step's record, after the pending steps, in one write
-    ("check", DEFAULT_CHECK_EVERY, []),
-    ("hook", PAUSE_STEP, ["--comm-hook"]),
-], ids=["step-record", "check-record", "check", "comm-hook"])
+@pytest.mark.parametrize(
+    ("where", "step", "extra"),
+    [
+        ("record", PAUSE_STEP, []),  # an every-step record, in the memory-mapped tail
+        ("record", DEFAULT_CHECK_EVERY, []),  # a check step's record, after the pending steps, in one write
+        ("check", DEFAULT_CHECK_EVERY, []),
+        ("hook", PAUSE_STEP, ["--comm-hook"]),
+    ],
+    ids=["step-record", "check-record", "check", "comm-hook"],
+)
 def test_sigkill_a_rank(tmp_path: Path, where: str, step: int, extra: list[str]) -> None:
     out = tmp_path / "run"
     env = prepare(out, None, None)
@@ -57,13 +61,35 @@ def test_sigkill_a_rank(tmp_path: Path, where: str, step: int, extra: list[str])
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for rank in range(2):
-            rank_env = dict(env, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                            OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", SYNCDOCTOR_TEST_PAUSE=f"{where}:1:{step}",
-                            SYNCDOCTOR_TEST_MARKER=str(marker))
-            procs.append(subprocess.Popen(
-                [sys.executable, str(SCRIPT), "--steps", str(DEFAULT_CHECK_EVERY + 10), "--pg-timeout", str(PG_TIMEOUT_S), *extra],
-                env=rank_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True))
+            rank_env = dict(
+                env,
+                RANK=str(rank),
+                WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                OMP_NUM_THREADS="1",
+                GLOO_SOCKET_IFNAME="lo",
+                SYNCDOCTOR_TEST_PAUSE=f"{where}:1:{step}",
+                SYNCDOCTOR_TEST_MARKER=str(marker),
+            )
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(SCRIPT),
+                        "--steps",
+                        str(DEFAULT_CHECK_EVERY + 10),
+                        "--pg-timeout",
+                        str(PG_TIMEOUT_S),
+                        *extra,
+                    ],
+                    env=rank_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
         deadline = time.monotonic() + START_BUDGET_S
         while not marker.exists():
             assert time.monotonic() < deadline, "rank 1 never reached the pause point"
@@ -89,7 +115,7 @@ def test_sigkill_a_rank(tmp_path: Path, where: str, step: int, extra: list[str])
     last = step - 1 if where != "check" else step
     for rank in (0, 1):  # each step once: a step both in the file and in the tail is taken once
         steps = run.steps.filter(run.steps["rank"] == rank)["step"].to_list()
-        assert steps[: last] == list(range(1, last + 1)), (rank, steps)
+        assert steps[:last] == list(range(1, last + 1)), (rank, steps)
     assert run.steps.filter(run.steps["rank"] == 1)["step"].max() == last  # nothing after the kill
     if where == "record" and step == DEFAULT_CHECK_EVERY:
         assert any("truncated" in w for w in run.warnings)  # the half-written record is dropped

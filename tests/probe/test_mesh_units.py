@@ -50,8 +50,9 @@ def test_group_names_speak_in_the_mesh() -> None:
     assert group_name([], [0, 1, 2, 3], mesh) == "ranks 0, 1, 2, 3"
 
 
-def _row(rank: int, classes: list[tuple[int, int]], data_fp: int = 0, data_key: int | None = None,
-         **fields: int) -> list[int]:
+def _row(
+    rank: int, classes: list[tuple[int, int]], data_fp: int = 0, data_key: int | None = None, **fields: int
+) -> list[int]:
     base = {f: 7 for f in FIELDS} | {"data_fp": data_fp} | fields
     section: list[int] = []
     for key, param in classes:
@@ -62,8 +63,12 @@ def _row(rank: int, classes: list[tuple[int, int]], data_fp: int = 0, data_key: 
 
 def test_shards_are_compared_only_within_their_replica_group() -> None:
     # HSDP on 2x2: class 0 replicated everywhere, class 1 sharded over "shard" (keys 11, 12).
-    rows = [_row(0, [(1, 5), (11, 100)]), _row(1, [(1, 5), (12, 200)]),
-            _row(2, [(1, 5), (11, 100)]), _row(3, [(1, 5), (12, 200)])]
+    rows = [
+        _row(0, [(1, 5), (11, 100)]),
+        _row(1, [(1, 5), (12, 200)]),
+        _row(2, [(1, 5), (11, 100)]),
+        _row(3, [(1, 5), (12, 200)]),
+    ]
     assert compare_groups(rows, False) == ([], [], [])  # other shards differ by design
     rows[3] = _row(3, [(1, 5), (12, 201)])  # rank 3 parts from its replica, rank 1
     what, ranks, groups = compare_groups(rows, False)

@@ -84,7 +84,9 @@ def test_duplicate_data_is_flagged_from_the_first_step(lab) -> None:
 
 def test_local_overflow_skip_is_reported_within_k_of_the_first_disagreeing_skip(lab) -> None:
     run = read_run(lab("fp16-overflow", "local_skip").out)
-    flags = run.steps.group_by("step").agg(pl.col("overflow").n_unique().alias("k"), pl.col("opt_steps").n_unique().alias("o"))
+    flags = run.steps.group_by("step").agg(
+        pl.col("overflow").n_unique().alias("k"), pl.col("opt_steps").n_unique().alias("o")
+    )
     parted = flags.filter((pl.col("k") > 1) | (pl.col("o") > 1))["step"].min()
     assert parted is not None
     first = mismatches(run.checks)[0]
@@ -138,8 +140,9 @@ def test_on_mismatch_raise_stops_every_rank_and_dumps_evidence(tmp_path, monkeyp
     # A fault that keeps the ranks' step counters aligned, so both reach the check that
     # reads the result (step 100 at K=10: the block of checks at steps 1-90 is read one check
     # after its last).
-    result = run_lab("optimizer-state-mismatch", world_size=2, steps=120, onset=12, out=tmp_path / "run",
-                     pg_timeout_s=PG_TIMEOUT_S)
+    result = run_lab(
+        "optimizer-state-mismatch", world_size=2, steps=120, onset=12, out=tmp_path / "run", pg_timeout_s=PG_TIMEOUT_S
+    )
     assert not result.timed_out and all(code not in (0, None) for code in result.exit_codes)
     for rank in (0, 1):
         log = (result.out / f"train.log{rank}").read_text()

@@ -137,8 +137,9 @@ def test_describe_split_puts_values_side_by_side() -> None:
 
 def test_mismatch_message_has_the_documented_shape() -> None:
     msg = mismatch_message(1200, ["counter", "param", "opt"], [0, 1], "layer3.1.conv2.weight", 2)
-    assert msg.startswith("GRADIENT_SYNC: rank 0 and rank 1 parameter mismatch at step 1200 "
-                          "(first: layer3.1.conv2.weight)")
+    assert msg.startswith(
+        "GRADIENT_SYNC: rank 0 and rank 1 parameter mismatch at step 1200 (first: layer3.1.conv2.weight)"
+    )
     assert "also differ: optimizer state, step counter" in msg
     assert msg.endswith("no majority to tell which side is odd (a third replica or a recomputation would)")
     msg = mismatch_message(5, ["counter"], [3], None, 4)
@@ -147,16 +148,22 @@ def test_mismatch_message_has_the_documented_shape() -> None:
 
 
 def test_config_fingerprint_ignores_the_loader_and_sees_hyperparameters() -> None:
-    snap = {"loss": {"type": "ASL", "params": {"margin": 0.05}}, "optimizer": {"type": "SGD"},
-            "loader": {"rank": 0}}
+    snap = {"loss": {"type": "ASL", "params": {"margin": 0.05}}, "optimizer": {"type": "SGD"}, "loader": {"rank": 0}}
     assert config_fingerprint(snap) == config_fingerprint({**snap, "loader": {"rank": 1}})
     assert config_fingerprint(snap) != config_fingerprint({**snap, "loss": {"type": "ASL", "params": {"margin": 0.1}}})
 
 
 def test_snapshot_differences_skip_what_differs_by_design() -> None:
-    snaps = {r: {"rank": r, "pid": 100 + r, "env": {"RANK": str(r), "NCCL_ALGO": "Ring" if r else "Tree"},
-                 "loss": {"params": {"margin": 0.05 * (1 + r)}}, "versions": {"torch": "2.13"}}
-             for r in range(2)}
+    snaps = {
+        r: {
+            "rank": r,
+            "pid": 100 + r,
+            "env": {"RANK": str(r), "NCCL_ALGO": "Ring" if r else "Tree"},
+            "loss": {"params": {"margin": 0.05 * (1 + r)}},
+            "versions": {"torch": "2.13"},
+        }
+        for r in range(2)
+    }
     diffs = snapshot_differences(snaps)
     assert set(diffs) == {"env.NCCL_ALGO", "loss.params.margin"}
     assert diffs["loss.params.margin"] == {0: 0.05, 1: 0.1}

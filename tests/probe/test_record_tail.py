@@ -31,17 +31,22 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _killed_writer(run_dir: Path, steps: int, check_at: int) -> None:
-    proc = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(run_dir), str(steps), str(check_at)],
-                          capture_output=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_WRITER, str(run_dir), str(steps), str(check_at)], capture_output=True, check=False
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
 
 
-@pytest.mark.parametrize(("steps", "check_at"), [(10, 4), (TAIL_SLOTS + 7, 0)],
-                         ids=["after-a-check", "past-a-full-tail"])
+@pytest.mark.parametrize(
+    ("steps", "check_at"), [(10, 4), (TAIL_SLOTS + 7, 0)], ids=["after-a-check", "past-a-full-tail"]
+)
 def test_a_killed_writer_loses_no_step(tmp_path: Path, steps: int, check_at: int) -> None:
     _killed_writer(tmp_path, steps, check_at)
-    in_file = [json.loads(line)["step"] for line in (tmp_path / "records" / "rank3.jsonl").read_text().splitlines()
-               if '"kind":"step"' in line]
+    in_file = [
+        json.loads(line)["step"]
+        for line in (tmp_path / "records" / "rank3.jsonl").read_text().splitlines()
+        if '"kind":"step"' in line
+    ]
     assert len(in_file) == (check_at or TAIL_SLOTS)  # the rest were only in the tail when the process died
     run = read_run(tmp_path)
     assert run.steps["step"].to_list() == list(range(1, steps + 1))
@@ -69,8 +74,10 @@ def test_tail_lines_match_the_general_writer(tmp_path: Path) -> None:
     slow.close()
     for name in ("fast", "slow"):
         assert not list((tmp_path / name / "records").glob("*.tail"))  # a closed writer leaves none
-    read = [[json.loads(line) for line in (tmp_path / name / "records" / "rank0.jsonl").read_text().splitlines()]
-            for name in ("fast", "slow")]
+    read = [
+        [json.loads(line) for line in (tmp_path / name / "records" / "rank0.jsonl").read_text().splitlines()]
+        for name in ("fast", "slow")
+    ]
     assert read[0] == read[1]
     assert read[0][1]["loss"] is None and read[0][1]["nonfinite"] == {"loss": "nan"}
 

@@ -26,9 +26,21 @@ def torchrun(tmp_path_factory: pytest.TempPathFactory):
         key = (str(nproc), *script_args)
         if key not in cache:
             out = tmp_path_factory.mktemp("roundtrip") / "run"
-            proc = syncdoctor_run(out, sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                                  str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-                                  str(SCRIPTS / "ddp_train.py"), *script_args, extra=("--check-every", "5"))
+            proc = syncdoctor_run(
+                out,
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                str(nproc),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(free_port()),
+                str(SCRIPTS / "ddp_train.py"),
+                *script_args,
+                extra=("--check-every", "5"),
+            )
             assert proc.returncode == 0, proc.stderr[-3000:]
             cache[key] = out
         return cache[key]
@@ -59,7 +71,9 @@ def test_rank_dependent_weight_decay_is_the_optimizer_not_the_init(torchrun) -> 
     out = torchrun("--steps", "30", "--odd-weight-decay-rank", "0", nproc=3)
     diag = diagnose([out])
     top = diag.findings[0]
-    assert top.code == "SD601" and top.category == "optim.state_mismatch", [(f.code, f.confidence) for f in diag.findings]
+    assert top.code == "SD601" and top.category == "optim.state_mismatch", [
+        (f.code, f.confidence) for f in diag.findings
+    ]
     assert top.ranks == [0]
     assert any("weight_decay 0 (ranks 1, 2) vs 0.01 (rank 0)" in line for line in top.evidence), top.evidence
     assert "SD501" not in {f.code for f in diag.findings}

@@ -20,8 +20,14 @@ RUN_TIMEOUT_S = 240
 
 def syncdoctor_run(out: Path, *command: str, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    return subprocess.run([*SYNCDOCTOR, "run", "--out", str(out), *extra, "--", *command], env=env,
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [*SYNCDOCTOR, "run", "--out", str(out), *extra, "--", *command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_exit_code_pythonpath_and_an_existing_sitecustomize_are_kept(tmp_path: Path) -> None:
@@ -30,8 +36,13 @@ def test_exit_code_pythonpath_and_an_existing_sitecustomize_are_kept(tmp_path: P
     (own / "sitecustomize.py").write_text("import os\nos.environ['OWN_SITECUSTOMIZE'] = 'ran'\n")
     env = dict(os.environ, PYTHONPATH=str(own))
     code = "import os, sys; print(os.environ.get('OWN_SITECUSTOMIZE'), 'torch' in sys.modules); sys.exit(7)"
-    proc = subprocess.run([*SYNCDOCTOR, "run", "--out", str(tmp_path / "run"), "--", sys.executable, "-c", code],
-                          env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    proc = subprocess.run(
+        [*SYNCDOCTOR, "run", "--out", str(tmp_path / "run"), "--", sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
     assert proc.returncode == 7
     assert proc.stdout.strip() == "ran False"  # the user's sitecustomize ran; torch was not imported for it
     assert (tmp_path / "run" / "run.json").exists()
@@ -69,9 +80,21 @@ def _check_run(out: Path, world_size: int, steps: int) -> None:
 @pytest.mark.slow
 def test_torchrun_script_unmodified(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = syncdoctor_run(out, sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-                          str(SCRIPTS / "ddp_train.py"), "--steps", "12")
+    proc = syncdoctor_run(
+        out,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(SCRIPTS / "ddp_train.py"),
+        "--steps",
+        "12",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 1 step 12 loss" in proc.stdout  # the ranks' output still reaches the terminal
     _check_run(out, 2, 12)
@@ -83,8 +106,18 @@ def test_torchrun_script_unmodified(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_script_spawning_its_own_ranks_with_its_own_comm_hook_and_exit_code(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = syncdoctor_run(out, sys.executable, str(SCRIPTS / "spawn_train.py"), str(free_port()),
-                          "--steps", "12", "--comm-hook", "--exit-code", "5", extra=("--check-every", "1"))
+    proc = syncdoctor_run(
+        out,
+        sys.executable,
+        str(SCRIPTS / "spawn_train.py"),
+        str(free_port()),
+        "--steps",
+        "12",
+        "--comm-hook",
+        "--exit-code",
+        "5",
+        extra=("--check-every", "1"),
+    )
     assert proc.returncode == 5, proc.stderr[-3000:]
     _check_run(out, 2, 12)
     run = read_run(out)

@@ -155,34 +155,66 @@ def _mangled(draw: st.DrawFn, fields: dict[str, Any]) -> dict[str, Any]:
 
 @st.composite
 def records(draw: st.DrawFn, rank: int, world: int) -> dict[str, Any]:
-    kind = draw(st.sampled_from(("snapshot", "step", "step", "step", "check", "event", "end",
-                                 "other")))
+    kind = draw(st.sampled_from(("snapshot", "step", "step", "step", "check", "event", "end", "other")))
     step = draw(st.integers(0, 30))
     fp = draw(st.sampled_from((0, 1, -(2**63), 2**63 - 1)))
-    base: dict[str, Any] = {"v": draw(st.sampled_from((1, 1, 1, 1, 1, 1, 1, 1, 2, "1"))),
-                            "kind": kind, "rank": rank}
+    base: dict[str, Any] = {"v": draw(st.sampled_from((1, 1, 1, 1, 1, 1, 1, 1, 2, "1"))), "kind": kind, "rank": rank}
     if kind == "snapshot":
-        fields = {**base, "world_size": draw(st.sampled_from((world, 2**40, 2**62, 0, -3))),
-                  "local_rank": rank, "framework": "torch", "t": 1.0e9, "env": {"RANK": str(rank)},
-                  "loss": {"type": "CrossEntropyLoss", "params": {}},
-                  "loader": {"dataset_len": draw(JSON_LEAVES), "batch_size": 8},
-                  "optimizer": {"type": "SGD", "param_groups": [{"lr": 0.1}], "n_params": 3},
-                  "init_param_fp": fp, "check_every": 10, "tensors": ["w", "b"], "seed": {}}
+        fields = {
+            **base,
+            "world_size": draw(st.sampled_from((world, 2**40, 2**62, 0, -3))),
+            "local_rank": rank,
+            "framework": "torch",
+            "t": 1.0e9,
+            "env": {"RANK": str(rank)},
+            "loss": {"type": "CrossEntropyLoss", "params": {}},
+            "loader": {"dataset_len": draw(JSON_LEAVES), "batch_size": 8},
+            "optimizer": {"type": "SGD", "param_groups": [{"lr": 0.1}], "n_params": 3},
+            "init_param_fp": fp,
+            "check_every": 10,
+            "tensors": ["w", "b"],
+            "seed": {},
+        }
     elif kind == "step":
-        fields = {**base, "step": step, "micro": 1, "backward": step, "t": 1.0e9 + step,
-                  "loss": draw(st.floats(allow_nan=True, allow_infinity=True) | st.none()),
-                  "lr": 0.1, "grad_norm": draw(st.floats(allow_nan=True, allow_infinity=True)),
-                  "grad_norm_local": 1.0, "reduce_ratio": 0.7, "param_fp": fp, "opt_fp": fp,
-                  "grad_fp": fp, "data_fp": fp, "samples": 8, "overflow": False,
-                  "opt_steps": step, "train_mode": "1/1", "ids": [rank, step]}
+        fields = {
+            **base,
+            "step": step,
+            "micro": 1,
+            "backward": step,
+            "t": 1.0e9 + step,
+            "loss": draw(st.floats(allow_nan=True, allow_infinity=True) | st.none()),
+            "lr": 0.1,
+            "grad_norm": draw(st.floats(allow_nan=True, allow_infinity=True)),
+            "grad_norm_local": 1.0,
+            "reduce_ratio": 0.7,
+            "param_fp": fp,
+            "opt_fp": fp,
+            "grad_fp": fp,
+            "data_fp": fp,
+            "samples": 8,
+            "overflow": False,
+            "opt_steps": step,
+            "train_mode": "1/1",
+            "ids": [rank, step],
+        }
     elif kind == "check":
-        fields = {**base, "step": step,
-                  "status": draw(st.sampled_from(("ok", "mismatch", "incomplete"))),
-                  "what": ["param"], "ranks": [rank], "tensor": "w",
-                  "detail": {"follow_up": draw(st.booleans())}}
+        fields = {
+            **base,
+            "step": step,
+            "status": draw(st.sampled_from(("ok", "mismatch", "incomplete"))),
+            "what": ["param"],
+            "ranks": [rank],
+            "tensor": "w",
+            "detail": {"follow_up": draw(st.booleans())},
+        }
     elif kind == "event":
-        fields = {**base, "t": 1.0e9, "step": step, "message": draw(st.text(max_size=20)),
-                  "event": draw(st.sampled_from(("timeout", "crash", "oom", "retry", "x")))}
+        fields = {
+            **base,
+            "t": 1.0e9,
+            "step": step,
+            "message": draw(st.text(max_size=20)),
+            "event": draw(st.sampled_from(("timeout", "crash", "oom", "retry", "x"))),
+        }
     elif kind == "end":
         fields = {**base, "step": step, "t": 1.0e9, "status": "ok", "message": ""}
     else:
@@ -212,13 +244,13 @@ def record_folders(draw: st.DrawFn) -> dict[str, bytes]:
     ranks = draw(st.lists(st.integers(0, world), min_size=1, max_size=world + 1, unique=True))
     files = {}
     for rank in ranks:
-        lines = [encode(draw, draw(records(rank, world)))
-                 for _ in range(draw(st.integers(0, 12)))]
+        lines = [encode(draw, draw(records(rank, world))) for _ in range(draw(st.integers(0, 12)))]
         blob = b"\n".join(lines) + (b"\n" if draw(st.integers(0, 4)) else b"")
         files[f"rank{rank}.jsonl"] = blob
     if draw(st.integers(0, 9)) == 0:  # a name the reader must cope with
-        files[draw(st.sampled_from(("rank007.jsonl", "rank99999999999999999999.jsonl",
-                                    "rank-1.jsonl", "rank.jsonl")))] = b'{"v":1,"kind":"end"}\n'
+        files[
+            draw(st.sampled_from(("rank007.jsonl", "rank99999999999999999999.jsonl", "rank-1.jsonl", "rank.jsonl")))
+        ] = b'{"v":1,"kind":"end"}\n'
     if draw(st.integers(0, 2)) == 0:  # a killed rank's every-step tail (records/tail.py), damaged or not
         rank = draw(st.sampled_from(ranks))
         files[f"rank{rank}.{draw(st.integers(1, 99))}.0.tail"] = draw(tail_files(rank))
@@ -237,14 +269,20 @@ def tail_files(draw: st.DrawFn, rank: int) -> bytes:
     blob = struct.pack("<8sqqq", draw(st.sampled_from((b"SDTAIL1\n", b"SDTAIL9\n"))), header_rank, slots, flushed)
     for i in range(draw(st.integers(0, 6))):
         seq = flushed + i + 1 if draw(st.integers(0, 4)) else draw(_INT64)
-        blob += struct.pack("<qqqqqdddq", seq, *draw(st.tuples(_INT64, _INT64, _INT64, _INT64)),
-                            *draw(st.tuples(st.floats(), st.floats(), st.floats())), draw(_INT64))
+        blob += struct.pack(
+            "<qqqqqdddq",
+            seq,
+            *draw(st.tuples(_INT64, _INT64, _INT64, _INT64)),
+            *draw(st.tuples(st.floats(), st.floats(), st.floats())),
+            draw(_INT64),
+        )
     if draw(st.integers(0, 3)) == 0:
         blob = blob[: draw(st.integers(0, len(blob)))]  # cut anywhere
     return blob
 
 
 # ----------------------------------------------------------------------------- rank tables
+
 
 def _good_tables() -> list[Any]:
     return [json.loads(p.read_text()) for p in sorted(RANK_TABLES.glob("good*.json"))]
@@ -284,5 +322,3 @@ def rank_table_texts(draw: st.DrawFn) -> bytes:
         at = draw(st.integers(0, len(text)))
         text = text[:at] + draw(st.sampled_from(CONTROL) | noise) + text[at:]
     return text.encode("utf-8", errors="surrogatepass")
-
-

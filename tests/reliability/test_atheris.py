@@ -25,10 +25,21 @@ _EXECUTED = re.compile(r"stat::number_of_executed_units:\s*(\d+)")
 @pytest.mark.parametrize("target", ["logs", "records", "rank_table", "diagnose"])
 def test_atheris_harness_runs_clean(target, tmp_path, fuzz_counts):
     proc = subprocess.run(
-        [sys.executable, "-W", "ignore::RuntimeWarning", str(FUZZ_DIR / f"fuzz_{target}.py"),
-         f"-max_total_time={SECONDS}", "-timeout=30", "-rss_limit_mb=4096",
-         "-print_final_stats=1", f"-artifact_prefix={tmp_path}/"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=SECONDS + 120,
+        [
+            sys.executable,
+            "-W",
+            "ignore::RuntimeWarning",
+            str(FUZZ_DIR / f"fuzz_{target}.py"),
+            f"-max_total_time={SECONDS}",
+            "-timeout=30",
+            "-rss_limit_mb=4096",
+            "-print_final_stats=1",
+            f"-artifact_prefix={tmp_path}/",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=SECONDS + 120,
     )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]

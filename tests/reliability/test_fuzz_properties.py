@@ -124,9 +124,11 @@ def test_found_by_fuzzing_logs(log):
 
 
 def test_hostile_values_in_rank_table_are_escaped():
-    table = (b'{"server_count":"1","server_list":[{"server_id":"a\\u001b[2J\\nb","device":'
-             b'[{"device_id":"0","device_ip":"x\\u0007","rank_id":[]},'
-             b'{"device_id":"0","device_ip":"x\\u0007","rank_id":[]}]}]}')
+    table = (
+        b'{"server_count":"1","server_list":[{"server_id":"a\\u001b[2J\\nb","device":'
+        b'[{"device_id":"0","device_ip":"x\\u0007","rank_id":[]},'
+        b'{"device_id":"0","device_ip":"x\\u0007","rank_id":[]}]}]}'
+    )
     assert targets.check_rank_table(table) is not None
 
 
@@ -135,6 +137,7 @@ def test_found_by_fuzzing_a_record_kind_that_is_a_list(tmp_path) -> None:
 
     (tmp_path / "records").mkdir()
     (tmp_path / "records" / "rank0.jsonl").write_text(
-        '{"v":1,"kind":"snapshot","rank":0,"world_size":1}\n{"v":1,"kind":["step"],"rank":0,"step":1}\n')
+        '{"v":1,"kind":"snapshot","rank":0,"world_size":1}\n{"v":1,"kind":["step"],"rank":0,"step":1}\n'
+    )
     run = read_run(tmp_path)
     assert 0 in run.snapshots and run.steps.height == 0

@@ -40,11 +40,26 @@ def _hostile_run(root: Path) -> None:
         (root / f"train.log{rank}").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (root / "records").mkdir()
     for rank, blob in enumerate(synthetic_records(world=2)):
-        event = {"v": 1, "kind": "event", "rank": rank, "t": 1.0e9, "step": 3,
-                 "event": "timeout" + SCRIPT_TAG, "message": ALL_HOSTILE}
-        check = {"v": 1, "kind": "check", "rank": rank, "step": 5, "status": "mismatch",
-                 "what": ["param", IMG_ONERROR], "ranks": [1], "tensor": "w" + CLOSE_SCRIPT,
-                 "detail": {}}
+        event = {
+            "v": 1,
+            "kind": "event",
+            "rank": rank,
+            "t": 1.0e9,
+            "step": 3,
+            "event": "timeout" + SCRIPT_TAG,
+            "message": ALL_HOSTILE,
+        }
+        check = {
+            "v": 1,
+            "kind": "check",
+            "rank": rank,
+            "step": 5,
+            "status": "mismatch",
+            "what": ["param", IMG_ONERROR],
+            "ranks": [1],
+            "tensor": "w" + CLOSE_SCRIPT,
+            "detail": {},
+        }
         extra = (json.dumps(event) + "\n" + json.dumps(check) + "\n").encode()
         (root / "records" / f"rank{rank}.jsonl").write_bytes(blob + extra)
 

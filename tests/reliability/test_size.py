@@ -76,8 +76,7 @@ def test_missing_ranks_give_a_warning_and_a_partial_report(tmp_path):
     diag = diagnose([tmp_path])
     assert "no record file for ranks [4, 6, 7] of world size 8" in diag.warnings
     status = {r.rank: r.status for r in diag.ranks}
-    assert status == {0: "ok", 1: "ok", 2: "ok", 3: "ok", 4: "missing", 5: "ok", 6: "missing",
-                      7: "missing"}
+    assert status == {0: "ok", 1: "ok", 2: "ok", 3: "ok", 4: "missing", 5: "ok", 6: "missing", 7: "missing"}
     assert diag.verdict != "inconclusive" or diag.findings is not None
 
 

@@ -18,21 +18,36 @@ from syncdoctor.records import RecordError, read_run
 SRC = Path(__file__).resolve().parents[2] / "src" / "syncdoctor"
 
 # Modules whose only use is turning bytes into live objects or running code.
-UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle",
-                  "joblib", "runpy", "code"}
+UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle", "joblib", "runpy", "code"}
 UNSAFE_BUILTINS = {"eval", "exec", "compile", "__import__", "input"}
 # (module alias as written, attribute): loaders that unpickle or run code.
-UNSAFE_CALLS = {("torch", "load"), ("yaml", "load"), ("yaml", "unsafe_load"),
-                ("yaml", "full_load"), ("np", "load"), ("numpy", "load"), ("os", "system"),
-                ("os", "popen"), ("importlib", "import_module"), ("ms", "load_checkpoint"),
-                ("mindspore", "load_checkpoint"), ("pd", "read_pickle")}
+UNSAFE_CALLS = {
+    ("torch", "load"),
+    ("yaml", "load"),
+    ("yaml", "unsafe_load"),
+    ("yaml", "full_load"),
+    ("np", "load"),
+    ("numpy", "load"),
+    ("os", "system"),
+    ("os", "popen"),
+    ("importlib", "import_module"),
+    ("ms", "load_checkpoint"),
+    ("mindspore", "load_checkpoint"),
+    ("pd", "read_pickle"),
+}
 ALLOWED = {
-    ("rulebook.py", "importlib.import_module"):
-        "imports the modules of the rules' or checks' own package, listed by pkgutil, never a name from input",
-    ("records/__init__.py", "importlib.import_module"):
-        "lazy import of syncdoctor.records.<reader|schema|writer> from a fixed table",
-    ("probe/mindspore_auto.py", "importlib.import_module"):
-        "imports MindSpore's own modules named in the probe's source (the classes it patches), never a name from input",
+    (
+        "rulebook.py",
+        "importlib.import_module",
+    ): "imports the modules of the rules' or checks' own package, listed by pkgutil, never a name from input",
+    (
+        "records/__init__.py",
+        "importlib.import_module",
+    ): "lazy import of syncdoctor.records.<reader|schema|writer> from a fixed table",
+    (
+        "probe/mindspore_auto.py",
+        "importlib.import_module",
+    ): "imports MindSpore's own modules named in the probe's source (the classes it patches), never a name from input",
 }
 
 
@@ -48,8 +63,11 @@ def _findings(path: Path) -> list[str]:
             func = node.func
             if isinstance(func, ast.Name) and func.id in UNSAFE_BUILTINS:
                 found.append(func.id)
-            elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
-                  and (func.value.id, func.attr) in UNSAFE_CALLS):
+            elif (
+                isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name)
+                and (func.value.id, func.attr) in UNSAFE_CALLS
+            ):
                 found.append(f"{func.value.id}.{func.attr}")
             for kw in node.keywords:  # subprocess.*(..., shell=True) and the like
                 if kw.arg == "shell" and not (isinstance(kw.value, ast.Constant) and kw.value.value is False):
@@ -75,8 +93,7 @@ def test_scanner_catches_what_it_looks_for(tmp_path):
         "torch.load('x')\nyaml.load('x')\neval('1')\nexec('1')\n"
         "subprocess.run('ls', shell=True)\nmodel.eval()\n"
     )
-    assert _findings(bad) == ["pickle", "marshal", "torch.load", "yaml.load", "eval", "exec",
-                              "shell=True"]
+    assert _findings(bad) == ["pickle", "marshal", "torch.load", "yaml.load", "eval", "exec", "shell=True"]
 
 
 def _records(tmp_path: Path, lines: list[str]) -> Path:
@@ -93,16 +110,25 @@ def test_unknown_schema_version_is_refused_in_one_clear_line(tmp_path, capsys, l
     with pytest.raises(RecordError) as info:
         read_run(run)
     line = 2 if later else 1
-    assert str(info.value) == (f"{run / 'records' / 'rank0.jsonl'}:{line}: record schema version 2 "
-                               "is not supported (this syncdoctor reads version 1)")
+    assert str(info.value) == (
+        f"{run / 'records' / 'rank0.jsonl'}:{line}: record schema version 2 "
+        "is not supported (this syncdoctor reads version 1)"
+    )
     assert main(["diagnose", str(run)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and err.startswith("syncdoctor: error: ")
 
 
 def test_json_without_a_version_is_damage_not_a_new_version(tmp_path):
-    run = _records(tmp_path, ['{"v":1,"kind":"snapshot","world_size":1}', "{}", "[1, 2]",
-                              '{"v":1,"kind":"step","rank":0,"step":1,"loss":0.5}'])
+    run = _records(
+        tmp_path,
+        [
+            '{"v":1,"kind":"snapshot","world_size":1}',
+            "{}",
+            "[1, 2]",
+            '{"v":1,"kind":"step","rank":0,"step":1,"loss":0.5}',
+        ],
+    )
     records = read_run(run)
     assert records.steps.height == 1
     assert "rank0.jsonl: 2 unreadable lines skipped" in records.warnings

@@ -88,8 +88,12 @@ def preflight(case: Case) -> list[PreflightFinding]:
 
 def script_expectations(path: Path) -> set[tuple[str, int, str]]:
     files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-    return {(str(f), n, m.group(1)) for f in files
-            for n, line in enumerate(f.read_text().splitlines(), 1) if (m := _EXPECT.search(line))}
+    return {
+        (str(f), n, m.group(1))
+        for f in files
+        for n, line in enumerate(f.read_text().splitlines(), 1)
+        if (m := _EXPECT.search(line))
+    }
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=str)

@@ -65,18 +65,47 @@ def launcher_command(program: str, args: list[str]) -> list[str]:
     if spec.launcher == "own":
         return [sys.executable, script, *args]
     if spec.launcher == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), script, *args]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            script,
+            *args,
+        ]
     if spec.launcher == "accelerate":
-        return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                "--main_process_port", str(free_port()), script, *args]
+        return [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--main_process_port",
+            str(free_port()),
+            script,
+            *args,
+        ]
     raise ValueError(spec.launcher)
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TRANSFORMERS_NO_ADVISORY_WARNINGS="1", PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        GLOO_SOCKET_IFNAME="lo",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_NO_ADVISORY_WARNINGS="1",
+        PYTHONUNBUFFERED="1",
+    )
     env.pop("SYNCDOCTOR_RUN_DIR", None)
     return env
 
@@ -97,8 +126,15 @@ def _run(command: list[str], log: Path) -> tuple[int, float, float | None]:
     runs overlap: the children's CPU is counted per process, not per run)."""
     start, cpu = time.monotonic(), _children_cpu()
     with open(log, "wb") as out:
-        proc = subprocess.Popen(command, cwd=PROGRAMS_DIR, env=_env(), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            command,
+            cwd=PROGRAMS_DIR,
+            env=_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         with _running_lock:
             _running.add(proc)
         try:
@@ -146,8 +182,17 @@ def launch(root: Path, program: str, bug: str, mode: str) -> ZooRun:
         command = [*SYNCDOCTOR, "run", "--out", str(folder), "--check-every", str(CHECK_EVERY), "--", *command]
     code, seconds, cpu_s = _run(command, out / "output.log")
     finals = {int(f.stem.removeprefix("final")): f.read_text().strip() for f in final.glob("final*.sha256")}
-    run = ZooRun(program, bug, mode, folder, code, finals, seconds,
-                 (out / "output.log").read_text(errors="replace")[-4000:], cpu_s)
+    run = ZooRun(
+        program,
+        bug,
+        mode,
+        folder,
+        code,
+        finals,
+        seconds,
+        (out / "output.log").read_text(errors="replace")[-4000:],
+        cpu_s,
+    )
     if os.environ.get("SYNCDOCTOR_ZOO_DIR"):
         kept = {**run.__dict__, "folder": str(folder), "diagnosis": None, "diagnose_code": None}
         saved.write_text(json.dumps(kept, default=str))

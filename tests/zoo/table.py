@@ -14,7 +14,11 @@ from tests.zoo.scenarios import PROGRAMS, SCENARIOS, Expected
 def _expected(e: Expected) -> str:
     if e.category is None:
         return "healthy"
-    step = "whole run" if e.steps is None else (str(e.steps[0]) if e.steps[0] == e.steps[1] else f"{e.steps[0]}–{e.steps[1]}")
+    step = (
+        "whole run"
+        if e.steps is None
+        else (str(e.steps[0]) if e.steps[0] == e.steps[1] else f"{e.steps[0]}–{e.steps[1]}")
+    )
     ranks = ",".join(map(str, e.ranks)) if e.ranks else "?"
     return f"{e.category} · step {step} · ranks {ranks}"
 
@@ -39,8 +43,15 @@ def main(root: Path) -> None:
     print("| framework | scenario | the bug | expected | zero-code (`syncdoctor run`) | attach | source |")
     print("|---|---|---|---|---|---|---|")
     for (program, bug), e in SCENARIOS.items():
-        cells = [PROGRAMS[program].framework, bug or "healthy", e.what or "—", _expected(e),
-                 _observed(root, program, bug, "zero"), _observed(root, program, bug, "attach"), e.source or "—"]
+        cells = [
+            PROGRAMS[program].framework,
+            bug or "healthy",
+            e.what or "—",
+            _expected(e),
+            _observed(root, program, bug, "zero"),
+            _observed(root, program, bug, "attach"),
+            e.source or "—",
+        ]
         print("| " + " | ".join(cells) + " |")
 
 

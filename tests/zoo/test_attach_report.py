@@ -33,9 +33,22 @@ def test_a_process_that_imports_torch_but_never_trains(tmp_path: Path) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(name, None)
-    proc = subprocess.run([*SYNCDOCTOR, "run", "--out", str(tmp_path / "run"), "--", sys.executable, "-c",
-                           "import torch; print('trained', flush=True)"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            *SYNCDOCTOR,
+            "run",
+            "--out",
+            str(tmp_path / "run"),
+            "--",
+            sys.executable,
+            "-c",
+            "import torch; print('trained', flush=True)",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "trained"
     assert "no rank attached" in proc.stderr and "1 process(es) imported torch" in proc.stderr
     assert "next: syncdoctor diagnose" not in proc.stderr

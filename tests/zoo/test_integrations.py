@@ -12,9 +12,11 @@ from syncdoctor.probe.core import unwrap_optimizer
 
 
 def test_integrations_import_without_their_frameworks() -> None:
-    code = ("import sys; import syncdoctor.probe.integrations.lightning, syncdoctor.probe.integrations.huggingface; "
-            "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers', 'accelerate') "
-            "if m in sys.modules))")
+    code = (
+        "import sys; import syncdoctor.probe.integrations.lightning, syncdoctor.probe.integrations.huggingface; "
+        "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers', 'accelerate') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -78,17 +78,22 @@ def recurring_hosts(runs: list[RunDiagnosis]) -> list[HostCount]:
                 count.candidate += 1
             for device in entry["devices"]:
                 count.devices[device] = count.devices.get(device, 0) + 1
-            count.where += [f"{run.path}: rank {r}" + (f" at step {st}" if st is not None else "")
-                            for r, st in entry["ranks"]]
+            count.where += [
+                f"{run.path}: rank {r}" + (f" at step {st}" if st is not None else "") for r, st in entry["ranks"]
+            ]
     return sorted(counts.values(), key=lambda c: (-c.named, -(c.named + c.candidate), c.host))
 
 
 def summary_lines(runs: list[RunDiagnosis]) -> list[str]:
     """The cross-run summary, one line each."""
-    lines = [f"{len(runs)} runs diagnosed, each on its own: "
-             + "; ".join(f"{run.path}: {run.diagnosis.verdict}"
-                         + (f" ({run.diagnosis.findings[0].category})" if run.diagnosis.findings else "")
-                         for run in runs)]
+    lines = [
+        f"{len(runs)} runs diagnosed, each on its own: "
+        + "; ".join(
+            f"{run.path}: {run.diagnosis.verdict}"
+            + (f" ({run.diagnosis.findings[0].category})" if run.diagnosis.findings else "")
+            for run in runs
+        )
+    ]
     hosts = recurring_hosts(runs)
     with_corruption = sum(1 for run in runs if run.suspects)
     if not hosts:
@@ -96,17 +101,25 @@ def summary_lines(runs: list[RunDiagnosis]) -> list[str]:
         return lines
     lines.append(f"{with_corruption} of {len(runs)} runs show silent hardware corruption")
     top = hosts[0]
-    recurs = top.named + top.candidate >= 2 and (top.named >= 2 or len(hosts) == 1 or
-                                                 top.named + top.candidate > hosts[1].named + hosts[1].candidate)
+    recurs = top.named + top.candidate >= 2 and (
+        top.named >= 2 or len(hosts) == 1 or top.named + top.candidate > hosts[1].named + hosts[1].candidate
+    )
     for h in hosts[:8]:
         devices = ", ".join(f"{d} ({n} runs)" for d, n in sorted(h.devices.items(), key=lambda kv: -kv[1]))
-        lines.append(f"host {h.host}: the odd replica in {h.named} run(s), a candidate in {h.candidate}"
-                     + (f"; devices: {devices}" if devices else "") + "; " + "; ".join(h.where[:4]))
+        lines.append(
+            f"host {h.host}: the odd replica in {h.named} run(s), a candidate in {h.candidate}"
+            + (f"; devices: {devices}" if devices else "")
+            + "; "
+            + "; ".join(h.where[:4])
+        )
     if recurs:
         device = max(top.devices.items(), key=lambda kv: kv[1]) if top.devices else None
-        lines.append(f"recurring: host {top.host}" + (f", {device[0]}" if device and device[1] >= 2 else "")
-                     + f" — named in {top.named + top.candidate} of {with_corruption} runs with corruption: "
-                     "take it out of the pool and run the vendor's diagnostics on it")
+        lines.append(
+            f"recurring: host {top.host}"
+            + (f", {device[0]}" if device and device[1] >= 2 else "")
+            + f" — named in {top.named + top.candidate} of {with_corruption} runs with corruption: "
+            "take it out of the pool and run the vendor's diagnostics on it"
+        )
     else:
         lines.append("no host recurs yet: one corrupted run does not single out a host")
     return lines
@@ -115,9 +128,11 @@ def summary_lines(runs: list[RunDiagnosis]) -> list[str]:
 def render_json(runs: list[RunDiagnosis]) -> str:
     from syncdoctor.doctor.report.common import json_safe
 
-    data = {"schema": SCHEMA,
-            "runs": [{"path": r.path, "suspects": r.suspects, "diagnosis": r.diagnosis.to_json()} for r in runs],
-            "across_runs": {"hosts": [vars(h) for h in recurring_hosts(runs)], "summary": summary_lines(runs)}}
+    data = {
+        "schema": SCHEMA,
+        "runs": [{"path": r.path, "suspects": r.suspects, "diagnosis": r.diagnosis.to_json()} for r in runs],
+        "across_runs": {"hosts": [vars(h) for h in recurring_hosts(runs)], "summary": summary_lines(runs)},
+    }
     return json.dumps(json_safe(data), indent=2, ensure_ascii=False, allow_nan=False)
 
 

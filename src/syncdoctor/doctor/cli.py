@@ -15,22 +15,35 @@ from syncdoctor.errors import InputError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("diagnose", help="diagnose a probe run folder and/or raw logs",
-                       description="Read probe records and/or raw logs (per-rank training logs, NCCL, "
-                                   "HCCL/Ascend, MindSpore, torchrun) and rank the likely root causes.")
-    p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="a probe run folder, log files, or folders of logs ('-' reads a pasted log from "
-                        "standard input); several run folders are diagnosed each on its own, then across runs "
-                        "(a host that recurs)")
+    p = sub.add_parser(
+        "diagnose",
+        help="diagnose a probe run folder and/or raw logs",
+        description="Read probe records and/or raw logs (per-rank training logs, NCCL, "
+        "HCCL/Ascend, MindSpore, torchrun) and rank the likely root causes.",
+    )
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="a probe run folder, log files, or folders of logs ('-' reads a pasted log from "
+        "standard input); several run folders are diagnosed each on its own, then across runs "
+        "(a host that recurs)",
+    )
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON on stdout")
-    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report "
-                                                  "(several run folders: FILE.1.html, FILE.2.html, …)")
+    p.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write a self-contained HTML report (several run folders: FILE.1.html, FILE.2.html, …)",
+    )
     p.set_defaults(func=cmd_diagnose)
 
-    r = sub.add_parser("rules", help="list the diagnosis rules and preflight checks with their docs",
-                       description="Every diagnosis rule (SD...) and preflight check (PF...): code, "
-                                   "category, severity and title; with CODE, its whole documentation "
-                                   "(symptom, cause, quick check, fix).")
+    r = sub.add_parser(
+        "rules",
+        help="list the diagnosis rules and preflight checks with their docs",
+        description="Every diagnosis rule (SD...) and preflight check (PF...): code, "
+        "category, severity and title; with CODE, its whole documentation "
+        "(symptom, cause, quick check, fix).",
+    )
     r.add_argument("code", nargs="?", help="show one rule or check in full")
     r.add_argument("--json", action="store_true", help="print the documentation as JSON")
     r.set_defaults(func=cmd_rules)
@@ -108,8 +121,9 @@ def all_rule_docs() -> list[dict]:
     from syncdoctor.doctor.rules import all_rules
     from syncdoctor.preflight.registry import all_checks
 
-    return ([dict(rule.docs(), kind="diagnosis") for rule in all_rules()]
-            + [dict(check.docs(), kind="preflight") for check in all_checks()])
+    return [dict(rule.docs(), kind="diagnosis") for rule in all_rules()] + [
+        dict(check.docs(), kind="preflight") for check in all_checks()
+    ]
 
 
 def cmd_rules(args: argparse.Namespace) -> int:

@@ -50,8 +50,10 @@ def load_evidence(paths: Sequence[str | Path]) -> Evidence:
         logs = None
     has_logs = logs is not None and (logs.losses.height or logs.events)
     if records is None and not has_logs:
-        raise InputError("nothing to diagnose: no probe records, no training loss and no events found in "
-                         + ", ".join(map(str, paths)))
+        raise InputError(
+            "nothing to diagnose: no probe records, no training loss and no events found in "
+            + ", ".join(map(str, paths))
+        )
     return Evidence(records=records, logs=logs, warnings=warnings)
 
 
@@ -96,9 +98,16 @@ def _alone_in_reduce(ev: Evidence, since: int) -> dict[int, int]:
     return {int(r): int(s) for r, s in agg.iter_rows()}
 
 
-def _rank_status(rank: int, ev: Evidence, failed: dict[int, str], alone: dict[int, int],
-                 odd: set[int], blamed: set[int], div_step: int | None,
-                 last_step: int | None) -> tuple[str, str]:
+def _rank_status(
+    rank: int,
+    ev: Evidence,
+    failed: dict[int, str],
+    alone: dict[int, int],
+    odd: set[int],
+    blamed: set[int],
+    div_step: int | None,
+    last_step: int | None,
+) -> tuple[str, str]:
     """(status, note) for one rank that left data: what the evidence says about it.
     ``blamed``: the ranks that stand out by themselves (outside a strict majority, or
     with a communication event of their own before the divergence)."""
@@ -108,8 +117,10 @@ def _rank_status(rank: int, ev: Evidence, failed: dict[int, str], alone: dict[in
     if rank in ev.ended_early or (steps is not None and last_step is not None and steps < last_step):
         return "ended early", f"last step {steps} of {last_step}" if steps is not None else ""
     if rank in alone:
-        note = (f"from step {alone[rank]} its reduced gradient equals its own (ratio 1.0): "
-                "it was averaged with no other rank")
+        note = (
+            f"from step {alone[rank]} its reduced gradient equals its own (ratio 1.0): "
+            "it was averaged with no other rank"
+        )
         if rank in blamed or not blamed:
             return "left out of the average", note
         return "not averaged", note
@@ -125,8 +136,11 @@ def rank_summaries(ev: Evidence) -> list[RankSummary]:
     out = []
     stats = {}
     if ev.losses.height:
-        agg = ev.losses.sort("step").group_by("rank").agg(pl.col("loss").last().alias("last"),
-                                                            pl.col("loss").mean().alias("mean"))
+        agg = (
+            ev.losses.sort("step")
+            .group_by("rank")
+            .agg(pl.col("loss").last().alias("last"), pl.col("loss").mean().alias("mean"))
+        )
         stats = {int(r): (last, mean) for r, last, mean in agg.iter_rows() if r is not None}
     norms = {}
     if ev.has_records:
@@ -151,26 +165,39 @@ def rank_summaries(ev: Evidence) -> list[RankSummary]:
     if div is not None and not blamed:
         # Without a majority, a rank with a communication trouble of its own just
         # before the parting is the one the average lost.
-        blamed = {int(e.rank) for e in ev.events_of("timeout", "retry", "watchdog", "network")
-                  if e.rank is not None and (e.step is None or e.step <= div.step)} & (odd | set(alone))
+        blamed = {
+            int(e.rank)
+            for e in ev.events_of("timeout", "retry", "watchdog", "network")
+            if e.rank is not None and (e.step is None or e.step <= div.step)
+        } & (odd | set(alone))
     last_step = max(ev.step_counts.values()) if ev.step_counts else None
     expected = range(ev.world_size) if ev.world_size else ev.ranks
     present = set(ev.ranks)
     absent = len(expected) - len(present.intersection(expected))
     if absent > MAX_MISSING_ROWS:
         # One stray rank99999.log must not turn the report into 100,000 "missing" rows.
-        ev.warnings.append(f"{absent} of {len(expected)} ranks left no records or loss lines; "
-                           f"only the {len(present)} that did are listed")
+        ev.warnings.append(
+            f"{absent} of {len(expected)} ranks left no records or loss lines; "
+            f"only the {len(present)} that did are listed"
+        )
         expected = ev.ranks
     for rank in expected:
         last, mean = stats.get(rank, (None, None))
         if rank not in present:
             status, note = "missing", ""
         else:
-            status, note = _rank_status(rank, ev, failed, alone, odd, blamed, div.step if div else None,
-                                        last_step)
-        out.append(RankSummary(rank=rank, steps=ev.step_counts.get(rank), last_loss=last, mean_loss=mean,
-                               grad_norm=norms.get(rank), status=status, note=note))
+            status, note = _rank_status(rank, ev, failed, alone, odd, blamed, div.step if div else None, last_step)
+        out.append(
+            RankSummary(
+                rank=rank,
+                steps=ev.step_counts.get(rank),
+                last_loss=last,
+                mean_loss=mean,
+                grad_norm=norms.get(rank),
+                status=status,
+                note=note,
+            )
+        )
     return out
 
 
@@ -190,8 +217,9 @@ def _series(frame: pl.DataFrame, value: str) -> dict[int, list[list[float]]]:
     frame = frame.filter(pl.col(value).is_not_null() & pl.col("rank").is_not_null())
     out: dict[int, list[list[float]]] = {}
     for (rank,), part in frame.sort("rank", "step").group_by("rank", maintain_order=True):
-        steps, values = downsample(part["step"].cast(pl.Float64).to_numpy(), part[value].cast(pl.Float64).to_numpy(),
-                                   SERIES_POINTS)
+        steps, values = downsample(
+            part["step"].cast(pl.Float64).to_numpy(), part[value].cast(pl.Float64).to_numpy(), SERIES_POINTS
+        )
         out[int(rank)] = np.column_stack([steps, values]).tolist()
     return out
 
@@ -202,9 +230,11 @@ def _unchecked(ev: Evidence) -> list[str]:
     disabled = ev.probe_disabled
     if disabled:
         step, message = next(iter(disabled.values()))
-        out.append(f"the probe disabled itself on {len(disabled)} of {len(ev.ranks)} ranks "
-                   f"(ranks {sorted(disabled)[:16]}, first at step {step}: {message[:200]}); "
-                   "from then on those replicas were not checked, so no verdict of health can be given")
+        out.append(
+            f"the probe disabled itself on {len(disabled)} of {len(ev.ranks)} ranks "
+            f"(ranks {sorted(disabled)[:16]}, first at step {step}: {message[:200]}); "
+            "from then on those replicas were not checked, so no verdict of health can be given"
+        )
     return out
 
 
@@ -222,8 +252,10 @@ def _in_mesh_terms(ev: Evidence, findings: list[Finding]) -> None:
     for group in groups[:4]:
         what = "/".join(group.get("what") or div.what)
         tensor = f" `{div.tensor}`" if div.tensor else ""
-        lines.append(f"in {group_name(group.get('dims') or [], group.get('members') or [], mesh)}: "
-                     f"{what}{tensor} differs from step {div.step}")
+        lines.append(
+            f"in {group_name(group.get('dims') or [], group.get('members') or [], mesh)}: "
+            f"{what}{tensor} differs from step {div.step}"
+        )
     for finding in findings:
         if lines and finding.step == div.step and set(finding.ranks) & set(div.ranks):
             finding.evidence[:0] = lines
@@ -247,8 +279,10 @@ def diagnose_evidence(ev: Evidence) -> Diagnosis:
         grad_norm_kind=("local" if _grad_norm_column(ev) == "grad_norm_local" else "reduced") if ev.has_records else "",
         events=ev.events,
         warnings=ev.warnings,
-        sources=sorted({str(p) for p in (ev.logs.files if ev.logs is not None else [])}
-                       | ({str(ev.records.run_dir / "records")} if ev.records is not None else set())),
+        sources=sorted(
+            {str(p) for p in (ev.logs.files if ev.logs is not None else [])}
+            | ({str(ev.records.run_dir / "records")} if ev.records is not None else set())
+        ),
         loss_series=_series(ev.losses.sort("rank", "step"), "loss"),
         grad_norm_series=_series(ev.steps.sort("rank", "step"), _grad_norm_column(ev)) if ev.has_records else {},
     )

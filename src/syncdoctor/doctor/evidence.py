@@ -68,8 +68,7 @@ def _rolling_median(x: np.ndarray, k: int) -> np.ndarray:
 
 
 class Evidence:
-    def __init__(self, records: RunRecords | None = None, logs: Any = None,
-                 warnings: list[str] | None = None) -> None:
+    def __init__(self, records: RunRecords | None = None, logs: Any = None, warnings: list[str] | None = None) -> None:
         self.records = records
         self.logs = logs
         self.warnings = list(warnings or [])
@@ -107,8 +106,9 @@ class Evidence:
     @cached_property
     def world_size(self) -> int | None:
         # Only sizes a real job can have: the report lists every rank up to it.
-        sizes = [n for s in self.snapshots.values()
-                 if isinstance(n := s.get("world_size"), int) and 0 < n <= MAX_WORLD_SIZE]
+        sizes = [
+            n for s in self.snapshots.values() if isinstance(n := s.get("world_size"), int) and 0 < n <= MAX_WORLD_SIZE
+        ]
         if sizes:
             return max(sizes)
         return max(self.ranks) + 1 if self.ranks and max(self.ranks) < MAX_WORLD_SIZE else None
@@ -123,8 +123,11 @@ class Evidence:
             frame = self.logs.losses.select("rank", "step", "loss")
             if frame["rank"].null_count() == frame.height:
                 frame = frame.with_columns(pl.lit(0, dtype=pl.Int64).alias("rank"))
-            return (frame.filter(pl.col("rank").is_not_null() & pl.col("step").is_not_null())
-                    .unique(["rank", "step"], keep="last").sort("rank", "step"))
+            return (
+                frame.filter(pl.col("rank").is_not_null() & pl.col("step").is_not_null())
+                .unique(["rank", "step"], keep="last")
+                .sort("rank", "step")
+            )
         return pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "loss": pl.Float64})
 
     @cached_property
@@ -165,7 +168,7 @@ class Evidence:
             series = rel[c].to_numpy()
             best = (0.0, 0.0, 0.0, 0)
             for start in range(0, len(series) - OFFSET_WINDOW + 1, OFFSET_WINDOW // 2):
-                chunk = series[start:start + OFFSET_WINDOW]
+                chunk = series[start : start + OFFSET_WINDOW]
                 mu, sd = float(chunk.mean()), float(chunk.std(ddof=1))
                 t = mu / (sd / math.sqrt(len(chunk))) if sd > 0 else (0.0 if mu == 0 else math.copysign(1e9, mu))
                 if abs(t) > abs(best[1]):
@@ -226,11 +229,24 @@ class Evidence:
         bad = [c for c in self.checks if c.get("status") == "mismatch" and not (c.get("detail") or {}).get("follow_up")]
         if bad:
             first = min(bad, key=lambda c: c["step"])
-            tensor = next((c.get("tensor") for c in sorted(self.checks, key=lambda c: c["step"])
-                           if c.get("status") == "mismatch" and c.get("tensor")), None)
+            tensor = next(
+                (
+                    c.get("tensor")
+                    for c in sorted(self.checks, key=lambda c: c["step"])
+                    if c.get("status") == "mismatch" and c.get("tensor")
+                ),
+                None,
+            )
             # Any field may be null (records/contract.py): a null list is an empty one.
-            candidates.append(Divergence(first["step"], list(first.get("ranks") or []), list(first.get("what") or []),
-                                         tensor, first.get("detail") or {}))
+            candidates.append(
+                Divergence(
+                    first["step"],
+                    list(first.get("ranks") or []),
+                    list(first.get("what") or []),
+                    tensor,
+                    first.get("detail") or {},
+                )
+            )
         from_steps = self._divergence_from_steps()
         if from_steps is not None:
             if candidates and candidates[0].tensor:
@@ -259,17 +275,27 @@ class Evidence:
         if not rows.height:
             return []
         groups = rows.group_by("step", "param_fp").agg(pl.len().alias("k"), pl.col("rank").min().alias("lo"))
-        reference = (groups.sort(["step", "k", "lo"], descending=[False, True, False])
-                     .unique("step", keep="first", maintain_order=True)
-                     .select("step", pl.col("param_fp").alias("_ref"), pl.col("k").alias("_top")))
-        per_check = (rows.join(reference, on="step")
-                     .group_by("step")
-                     .agg(pl.len().alias("n"), pl.col("_top").first().alias("top"),
-                          pl.col("rank").filter(pl.col("param_fp") != pl.col("_ref")).sort().alias("odd"),
-                          pl.col("rank").sort().alias("all"))
-                     .filter(pl.col("n") > 1).sort("step"))
-        return [(int(s), list(odd) if top * 2 > n or not odd else list(every))
-                for s, n, top, odd, every in per_check.select("step", "n", "top", "odd", "all").iter_rows()]
+        reference = (
+            groups.sort(["step", "k", "lo"], descending=[False, True, False])
+            .unique("step", keep="first", maintain_order=True)
+            .select("step", pl.col("param_fp").alias("_ref"), pl.col("k").alias("_top"))
+        )
+        per_check = (
+            rows.join(reference, on="step")
+            .group_by("step")
+            .agg(
+                pl.len().alias("n"),
+                pl.col("_top").first().alias("top"),
+                pl.col("rank").filter(pl.col("param_fp") != pl.col("_ref")).sort().alias("odd"),
+                pl.col("rank").sort().alias("all"),
+            )
+            .filter(pl.col("n") > 1)
+            .sort("step")
+        )
+        return [
+            (int(s), list(odd) if top * 2 > n or not odd else list(every))
+            for s, n, top, odd, every in per_check.select("step", "n", "top", "odd", "all").iter_rows()
+        ]
 
     @cached_property
     def agreement(self) -> list[dict[str, Any]]:
@@ -278,8 +304,9 @@ class Evidence:
         per_check = self._agreement_per_check
         if not per_check:
             return []
-        reporting = (self.steps.filter(pl.col("param_fp").is_not_null()).group_by("step")
-                     .agg(pl.col("rank").sort()).sort("step"))
+        reporting = (
+            self.steps.filter(pl.col("param_fp").is_not_null()).group_by("step").agg(pl.col("rank").sort()).sort("step")
+        )
         ranks_at = dict(zip(reporting["step"].to_list(), reporting["rank"].to_list(), strict=True))
         expected = set(range(self.world_size)) if self.world_size else set(self.ranks)
         mismatches: dict[int, dict[str, Any]] = {}
@@ -293,9 +320,18 @@ class Evidence:
             key = (tuple(parted), tuple(missing))
             last = spans[-1] if spans else None
             if last is None or last["_key"] != key:
-                last = {"_key": key, "first_step": step, "last_step": step, "checks": 0, "ranks": len(present),
-                        "parted": parted, "missing": missing, "what": [], "tensor": None,
-                        "no_majority": bool(parted) and len(parted) * 2 >= len(present)}
+                last = {
+                    "_key": key,
+                    "first_step": step,
+                    "last_step": step,
+                    "checks": 0,
+                    "ranks": len(present),
+                    "parted": parted,
+                    "missing": missing,
+                    "what": [],
+                    "tensor": None,
+                    "no_majority": bool(parted) and len(parted) * 2 >= len(present),
+                }
                 spans.append(last)
             last["last_step"] = step
             last["checks"] += 1
@@ -332,9 +368,12 @@ class Evidence:
                 found.append((parted[0], kind, parted[1], parted[2]))
         cols = [c for c in COUNTERS if c in steps.columns]
         if cols:
-            per_step = (steps.group_by("step")
-                        .agg([pl.col(c).drop_nulls().n_unique().alias(c) for c in cols] + [pl.len().alias("n")])
-                        .filter(pl.col("n") > 1).sort("step"))
+            per_step = (
+                steps.group_by("step")
+                .agg([pl.col(c).drop_nulls().n_unique().alias(c) for c in cols] + [pl.len().alias("n")])
+                .filter(pl.col("n") > 1)
+                .sort("step")
+            )
             differing = per_step.filter(pl.any_horizontal([pl.col(c) > 1 for c in cols]))
             if differing.height:
                 step = int(differing["step"][0])
@@ -361,8 +400,7 @@ class Evidence:
                 merged[key] = dict(group)
         if merged:
             detail["groups"] = list(merged.values())
-        return Divergence(step, sorted({r for f in first for r in f[2]}), sorted({f[1] for f in first}),
-                          detail=detail)
+        return Divergence(step, sorted({r for f in first for r in f[2]}), sorted({f[1] for f in first}), detail=detail)
 
     # ------------------------------------------------------------------ replica groups
     @cached_property
@@ -392,19 +430,27 @@ class Evidence:
             column = f"{kind}_fp"
             if column not in steps.columns:
                 return pl.DataFrame()
-            return (steps.filter(pl.col(column).is_not_null())
-                    .select("rank", "step", pl.lit(0, dtype=pl.Int64).alias("class"),
-                            pl.lit(1, dtype=pl.Int64).alias("key"), pl.col(column).alias("value")))
+            return steps.filter(pl.col(column).is_not_null()).select(
+                "rank",
+                "step",
+                pl.lit(0, dtype=pl.Int64).alias("class"),
+                pl.lit(1, dtype=pl.Int64).alias("key"),
+                pl.col(column).alias("value"),
+            )
         if "replica_fps" not in steps.columns:
             return pl.DataFrame()
-        values = (steps.filter(pl.col("replica_fps").is_not_null())
-                  .select("rank", "step", pl.col("replica_fps").struct.field(kind).alias("value"))
-                  .filter(pl.col("value").is_not_null())
-                  .with_columns(pl.int_ranges(0, pl.col("value").list.len(), dtype=pl.Int64).alias("class"))
-                  .explode("value", "class"))
-        keys = pl.DataFrame([(r, c, int(k)) for r, info in self.replica.items()
-                             for c, k in enumerate(info.get("keys") or [])],
-                            schema={"rank": pl.Int64, "class": pl.Int64, "key": pl.Int64}, orient="row")
+        values = (
+            steps.filter(pl.col("replica_fps").is_not_null())
+            .select("rank", "step", pl.col("replica_fps").struct.field(kind).alias("value"))
+            .filter(pl.col("value").is_not_null())
+            .with_columns(pl.int_ranges(0, pl.col("value").list.len(), dtype=pl.Int64).alias("class"))
+            .explode("value", "class")
+        )
+        keys = pl.DataFrame(
+            [(r, c, int(k)) for r, info in self.replica.items() for c, k in enumerate(info.get("keys") or [])],
+            schema={"rank": pl.Int64, "class": pl.Int64, "key": pl.Int64},
+            orient="row",
+        )
         return values.join(keys, on=["rank", "class"])
 
     def agree_after(self, kind: str, step: int) -> bool | None:
@@ -420,8 +466,9 @@ class Evidence:
         later = frame.filter(pl.col("step") >= step) if frame.height else frame
         return int(later["step"].min()) if later.height else None
 
-    def _first_disagreement(self, kind: str, start: int | None = None, end: int | None = None
-                            ) -> tuple[int, list[int], list[dict[str, Any]]] | None:
+    def _first_disagreement(
+        self, kind: str, start: int | None = None, end: int | None = None
+    ) -> tuple[int, list[int], list[dict[str, Any]]] | None:
         """The first step (in [start, end]) where ranks that must hold the same `kind`
         do not: (step, the odd ranks, the replica groups that parted there)."""
         frame = self._long_fps(kind)
@@ -431,9 +478,12 @@ class Evidence:
             frame = frame.filter(pl.col("step") >= start)
         if end is not None:
             frame = frame.filter(pl.col("step") <= end)
-        groups = (frame.group_by("step", "class", "key")
-                  .agg(pl.col("value").n_unique().alias("k"), pl.col("rank"), pl.col("value"))
-                  .filter(pl.col("k") > 1).sort("step", "class"))
+        groups = (
+            frame.group_by("step", "class", "key")
+            .agg(pl.col("value").n_unique().alias("k"), pl.col("rank"), pl.col("value"))
+            .filter(pl.col("k") > 1)
+            .sort("step", "class")
+        )
         if not groups.height:
             return None
         step = int(groups["step"][0])
@@ -441,8 +491,12 @@ class Evidence:
         parted = []
         for row in groups.filter(pl.col("step") == step).iter_rows(named=True):
             values = dict(zip(row["rank"], row["value"], strict=True))
-            group: dict[str, Any] = {"class": row["class"], "members": sorted(values),
-                                     "odd": majority_outliers(values), "what": [kind]}
+            group: dict[str, Any] = {
+                "class": row["class"],
+                "members": sorted(values),
+                "odd": majority_outliers(values),
+                "what": [kind],
+            }
             if classes and row["class"] < len(classes):
                 group["dims"] = classes[row["class"]]
             parted.append(group)
@@ -474,8 +528,12 @@ class Evidence:
     def first_unsynced_buffer_step(self) -> int | None:
         """The first check step at which buffers nothing keeps in sync differed."""
         if self.has_records and "buffer_fp" in self.steps.columns:
-            per_step = (self.steps.filter(pl.col("buffer_fp").is_not_null()).group_by("step")
-                        .agg(pl.col("buffer_fp").n_unique().alias("k")).filter(pl.col("k") > 1))
+            per_step = (
+                self.steps.filter(pl.col("buffer_fp").is_not_null())
+                .group_by("step")
+                .agg(pl.col("buffer_fp").n_unique().alias("k"))
+                .filter(pl.col("k") > 1)
+            )
             if per_step.height:
                 return int(per_step["step"].min())
         # Only the live check saw it: an ok block that covers several checks says no more
@@ -489,9 +547,13 @@ class Evidence:
         manual change applied on some ranks only): (step, {rank: lr})."""
         if not self.has_records or "lr" not in self.steps.columns:
             return None
-        per_step = (self.steps.filter(pl.col("lr").is_not_null()).group_by("step")
-                    .agg(pl.col("lr").n_unique().alias("k"), pl.len().alias("n"))
-                    .filter((pl.col("k") > 1) & (pl.col("n") > 1)).sort("step"))
+        per_step = (
+            self.steps.filter(pl.col("lr").is_not_null())
+            .group_by("step")
+            .agg(pl.col("lr").n_unique().alias("k"), pl.len().alias("n"))
+            .filter((pl.col("k") > 1) & (pl.col("n") > 1))
+            .sort("step")
+        )
         if not per_step.height:
             return None
         step = int(per_step["step"][0])
@@ -512,14 +574,16 @@ class Evidence:
         rows = self.steps.filter(pl.col("grad_norm_local").is_not_null() & pl.col("grad_norm").is_not_null())
         if rows.height < 2:
             return None
-        per_step = rows.group_by("step").agg(pl.col("grad_norm").median().alias("post"),
-                                             pl.col("grad_norm_local").mean().alias("pre"), pl.len().alias("n"))
+        per_step = rows.group_by("step").agg(
+            pl.col("grad_norm").median().alias("post"),
+            pl.col("grad_norm_local").mean().alias("pre"),
+            pl.len().alias("n"),
+        )
         per_step = per_step.filter(pl.col("n") > 1)
         if not per_step.height:
             return None
         ratio = per_step["post"] / per_step["pre"]
-        return {"median": float(ratio.median()), "above_one": float((ratio > 1.05).mean()),
-                "steps": per_step.height}
+        return {"median": float(ratio.median()), "above_one": float((ratio > 1.05).mean()), "steps": per_step.height}
 
     @cached_property
     def unreduced_ranks(self) -> list[int]:
@@ -544,10 +608,17 @@ class Evidence:
         """Steps where some ranks skipped for overflow and others did not."""
         if not self.has_records or self.steps["overflow"].null_count() == self.steps.height:
             return []
-        per = (self.steps.filter(pl.col("overflow").is_not_null()).group_by("step")
-               .agg(pl.col("overflow").sum().alias("k"), pl.len().alias("n"),
-                    pl.col("rank").filter(pl.col("overflow")).alias("ranks"))
-               .filter((pl.col("k") > 0) & (pl.col("k") < pl.col("n"))).sort("step"))
+        per = (
+            self.steps.filter(pl.col("overflow").is_not_null())
+            .group_by("step")
+            .agg(
+                pl.col("overflow").sum().alias("k"),
+                pl.len().alias("n"),
+                pl.col("rank").filter(pl.col("overflow")).alias("ranks"),
+            )
+            .filter((pl.col("k") > 0) & (pl.col("k") < pl.col("n")))
+            .sort("step")
+        )
         return [(int(s), sorted(r)) for s, r in zip(per["step"], per["ranks"], strict=True)]
 
     @cached_property
@@ -565,11 +636,19 @@ class Evidence:
         rows = self.steps.filter(pl.col("data_fp").is_not_null())
         if self.replica:
             # Ranks of one data shard (tensor-parallel peers) read the same batch by design.
-            keys = pl.DataFrame([(r, info.get("data_key")) for r, info in self.replica.items()],
-                                schema={"rank": pl.Int64, "data_key": pl.Int64}, orient="row")
-            rows = rows.join(keys, on="rank", how="left").with_columns(pl.col("data_key").fill_null(-1 - pl.col("rank")))
-            dup = (rows.group_by("step", "data_fp").agg(pl.col("rank"), pl.col("data_key").n_unique().alias("keys"))
-                   .filter(pl.col("keys") > 1))
+            keys = pl.DataFrame(
+                [(r, info.get("data_key")) for r, info in self.replica.items()],
+                schema={"rank": pl.Int64, "data_key": pl.Int64},
+                orient="row",
+            )
+            rows = rows.join(keys, on="rank", how="left").with_columns(
+                pl.col("data_key").fill_null(-1 - pl.col("rank"))
+            )
+            dup = (
+                rows.group_by("step", "data_fp")
+                .agg(pl.col("rank"), pl.col("data_key").n_unique().alias("keys"))
+                .filter(pl.col("keys") > 1)
+            )
         else:
             dup = rows.group_by("step", "data_fp").agg(pl.col("rank")).filter(pl.col("rank").list.len() > 1)
         n_steps = rows["step"].n_unique()
@@ -607,7 +686,11 @@ class Evidence:
         """Within the first epoch: how many sample ids two ranks both consumed
         (disjoint under correct sharding), and whether each rank reads the same
         fixed subset epoch after epoch (shuffle after shard)."""
-        if not self.has_records or "ids" not in self.steps.columns or self.steps["ids"].null_count() == self.steps.height:
+        if (
+            not self.has_records
+            or "ids" not in self.steps.columns
+            or self.steps["ids"].null_count() == self.steps.height
+        ):
             return None
         window = self.epoch_steps
         if not window:
@@ -627,9 +710,11 @@ class Evidence:
             earlier = per_rank.get(int(r), set())
             if later and earlier:
                 same_subset.append(len(later & earlier) / len(later | earlier))
-        return {"cross_overlap": cross_overlap,
-                "same_subset": min(same_subset) if same_subset else 0.0,
-                "coverage": len(union)}
+        return {
+            "cross_overlap": cross_overlap,
+            "same_subset": min(same_subset) if same_subset else 0.0,
+            "coverage": len(union),
+        }
 
     @cached_property
     def step_counts(self) -> dict[int, int]:
@@ -690,9 +775,16 @@ class Evidence:
         events: list[Event] = list(self.logs.events) if self.logs is not None else []
         if self.records is not None:
             for e in self.records.events:
-                events.append(Event(kind=str(e.get("event", "info")), raw=str(e.get("message", "")),
-                                    source=f"records/rank{e.get('rank')}.jsonl", rank=e.get("rank"),
-                                    t=e.get("t"), step=e.get("step")))
+                events.append(
+                    Event(
+                        kind=str(e.get("event", "info")),
+                        raw=str(e.get("message", "")),
+                        source=f"records/rank{e.get('rank')}.jsonl",
+                        rank=e.get("rank"),
+                        t=e.get("t"),
+                        step=e.get("step"),
+                    )
+                )
         return events
 
     @cached_property

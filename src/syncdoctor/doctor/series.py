@@ -28,9 +28,7 @@ def downsample(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarra
     lo = np.argmin(np.where(finite, yv, np.inf), axis=1)
     hi = np.argmax(np.where(finite, yv, -np.inf), axis=1)
     base = np.arange(buckets) * size
-    idx = np.minimum(
-        np.stack([base + np.minimum(lo, hi), base + np.maximum(lo, hi)], 1).ravel(), n - 1
-    )
+    idx = np.minimum(np.stack([base + np.minimum(lo, hi), base + np.maximum(lo, hi)], 1).ravel(), n - 1)
     xs, ys = x[idx], y[idx].copy()
     ys[1::2][bad.any(axis=1)] = np.nan
     return xs, ys

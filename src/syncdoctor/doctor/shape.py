@@ -139,9 +139,7 @@ def classify(
             "everything after it is meaningless.",
         )
     if n < MIN_POINTS:
-        return result(
-            "too_short", f"Only {n} point(s); at least {MIN_POINTS} are needed to read a shape."
-        )
+        return result("too_short", f"Only {n} point(s); at least {MIN_POINTS} are needed to read a shape.")
 
     f = _features(y)
     near_chance = chance_loss is not None and _near(f.last_q, chance_loss)
@@ -180,8 +178,7 @@ def classify(
         if factor >= _BLOWUP_FACTOR:
             return result(
                 "diverging",
-                f"Loss blows up at the end: {factor:.1f}× its trend from step {at(a)} on, "
-                "with no recovery.",
+                f"Loss blows up at the end: {factor:.1f}× its trend from step {at(a)} on, with no recovery.",
                 f,
             )
         spikes = spikes[:-1]  # a jump at the very end: too early to call it a spike
@@ -272,8 +269,7 @@ def classify(
     if near_chance:
         return result(
             "plateau_chance",
-            f"Loss hovers at {_g(f.last_q)}{chance_txt} with no trend: {numbers}; the model is "
-            "not learning.",
+            f"Loss hovers at {_g(f.last_q)}{chance_txt} with no trend: {numbers}; the model is not learning.",
             f,
         )
     return result("noise", f"Small fluctuation around {_g(f.level)} with no trend: {numbers}.", f)

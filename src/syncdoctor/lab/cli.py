@@ -14,35 +14,54 @@ from syncdoctor.lab.runner import LAB_CHECK_EVERY, MS_STYLES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    lab = sub.add_parser("lab", help="reproduce the playbook's failure modes on real process groups",
-                         description="Reproduce each failure mode for real: N processes in a real process "
-                                     "group over loopback train a small CNN with one named fault injected.")
+    lab = sub.add_parser(
+        "lab",
+        help="reproduce the playbook's failure modes on real process groups",
+        description="Reproduce each failure mode for real: N processes in a real process "
+        "group over loopback train a small CNN with one named fault injected.",
+    )
     lab_sub = lab.add_subparsers(dest="lab_command", metavar="LAB_COMMAND")
     lab.set_defaults(func=lambda args: lab.print_help() or 2)
 
-    ls = lab_sub.add_parser("list", help="list the fault catalog",
-                            description="The fault catalog: each fault's name (what `lab run` takes), its "
-                                        "variants, the root-cause category and what it was measured to do.")
+    ls = lab_sub.add_parser(
+        "list",
+        help="list the fault catalog",
+        description="The fault catalog: each fault's name (what `lab run` takes), its "
+        "variants, the root-cause category and what it was measured to do.",
+    )
     ls.add_argument("--json", action="store_true", help="print the catalog as JSON")
     ls.set_defaults(func=cmd_list)
 
-    run = lab_sub.add_parser("run", help="run one fault (or 'clean') on N ranks",
-                             description="Run one fault (or the clean baseline) on N real ranks with the probe "
-                                         "attached; logs and records go to the run folder.")
+    run = lab_sub.add_parser(
+        "run",
+        help="run one fault (or 'clean') on N ranks",
+        description="Run one fault (or the clean baseline) on N real ranks with the probe "
+        "attached; logs and records go to the run folder.",
+    )
     run.add_argument("fault", help="a fault name from `syncdoctor lab list`")
     run.add_argument("--variant", default="", help="the fault's variant, when it has several")
     _common(run)
     run.add_argument("--seed", type=int, default=0, help="the run's seed (every rank alike)")
     run.add_argument("--out", help="run folder (default runs/FAULT-wN-sSEED)")
     run.add_argument("--no-probe", action="store_true", help="run without the probe (logs only)")
-    run.add_argument("--check-every", type=at_least(1), default=LAB_CHECK_EVERY, metavar="K",
-                     help="the probe's cross-rank check every K steps")
-    run.add_argument("--on-mismatch", choices=("warn", "dump", "raise", "heal"), help="the probe's action on a mismatch")
+    run.add_argument(
+        "--check-every",
+        type=at_least(1),
+        default=LAB_CHECK_EVERY,
+        metavar="K",
+        help="the probe's cross-rank check every K steps",
+    )
+    run.add_argument(
+        "--on-mismatch", choices=("warn", "dump", "raise", "heal"), help="the probe's action on a mismatch"
+    )
     run.set_defaults(func=cmd_run)
 
-    matrix = lab_sub.add_parser("matrix", help="every fault through lab, probe and doctor: the detection matrix",
-                                description="Run the clean baseline (three seeds) and every fault and variant "
-                                            "through the probe and the doctor; exit 1 when any is misdiagnosed.")
+    matrix = lab_sub.add_parser(
+        "matrix",
+        help="every fault through lab, probe and doctor: the detection matrix",
+        description="Run the clean baseline (three seeds) and every fault and variant "
+        "through the probe and the doctor; exit 1 when any is misdiagnosed.",
+    )
     _common(matrix)
     matrix.add_argument("--json", action="store_true", help="print the rows as JSON")
     matrix.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
@@ -50,10 +69,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     matrix.add_argument("--only", nargs="*", metavar="FAULT", help="only these faults")
     matrix.set_defaults(func=cmd_matrix)
 
-    demo = sub.add_parser("demo", help="the clean baseline and the playbook's headline failure, diagnosed",
-                          description="Two real data-parallel runs over gloo on loopback (the clean baseline, "
-                                      "then a rank silently left out of the gradient average after a "
-                                      "communication retry), each diagnosed, with an HTML report.")
+    demo = sub.add_parser(
+        "demo",
+        help="the clean baseline and the playbook's headline failure, diagnosed",
+        description="Two real data-parallel runs over gloo on loopback (the clean baseline, "
+        "then a rank silently left out of the gradient average after a "
+        "communication retry), each diagnosed, with an HTML report.",
+    )
     demo.add_argument("--out", default="runs/demo", help="folder for the runs and the reports")
     demo.add_argument("--world-size", type=at_least(1), default=2, help="ranks per run")
     demo.set_defaults(func=cmd_demo)
@@ -64,18 +86,30 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=at_least(1), default=150, help="optimizer steps (rounded up to whole epochs)")
     p.add_argument("--onset", type=at_least(0), default=40, help="the step at which step-triggered faults act")
     p.add_argument("--framework", choices=("torch", "mindspore"), default="torch", help="the training framework")
-    p.add_argument("--pg-timeout", type=at_least(0.1, float), default=20.0, metavar="S",
-                   help="process-group timeout in seconds")
-    p.add_argument("--style", choices=MS_STYLES, default=None,
-                   help="MindSpore: how the step is written (default functional)")
+    p.add_argument(
+        "--pg-timeout", type=at_least(0.1, float), default=20.0, metavar="S", help="process-group timeout in seconds"
+    )
+    p.add_argument(
+        "--style", choices=MS_STYLES, default=None, help="MindSpore: how the step is written (default functional)"
+    )
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    rows = [{"name": f.name, "description": f.description, "symptom": f.symptom, "category": f.category,
-             "measured": f.measured, "variants": [v for v in f.variants if v], "frameworks": list(f.frameworks),
-             "ends_in_error": f.ends_in_error,
-             "mindspore_variants": [v for v in f.variants_for("mindspore") if v],
-             "mindspore_styles_not_on": dict(f.ms_styles_not_on)} for f in FAULTS.values()]
+    rows = [
+        {
+            "name": f.name,
+            "description": f.description,
+            "symptom": f.symptom,
+            "category": f.category,
+            "measured": f.measured,
+            "variants": [v for v in f.variants if v],
+            "frameworks": list(f.frameworks),
+            "ends_in_error": f.ends_in_error,
+            "mindspore_variants": [v for v in f.variants_for("mindspore") if v],
+            "mindspore_styles_not_on": dict(f.ms_styles_not_on),
+        }
+        for f in FAULTS.values()
+    ]
     if args.json:
         print(json.dumps(rows, indent=1, ensure_ascii=False))
         return 0
@@ -96,21 +130,22 @@ def format_catalog(rows: list[dict], width: int | None = None) -> str:
         if r["variants"]:
             out.append(f"    variants: {', '.join(r['variants'])}")
         for label, text in (("", r["description"]), ("measured: ", r["measured"])):
-            out += textwrap.wrap(label + text, width, initial_indent="    ", subsequent_indent="    ",
-                                 break_on_hyphens=False)
+            out += textwrap.wrap(
+                label + text, width, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False
+            )
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 
 
 def _check_fault(name: str, variant: str = "") -> None:
     if name not in FAULTS:
-        raise InputError(f"unknown fault {name!r}{did_you_mean(name, FAULTS)}; "
-                         "`syncdoctor lab list` shows the catalog")
+        raise InputError(f"unknown fault {name!r}{did_you_mean(name, FAULTS)}; `syncdoctor lab list` shows the catalog")
     variants = [v for v in FAULTS[name].variants if v]
     if variant and variant not in variants:
         known = f"one of {', '.join(variants)}" if variants else "none"
-        raise InputError(f"fault {name!r} has no variant {variant!r}{did_you_mean(variant, variants)}; "
-                         f"its variants: {known}")
+        raise InputError(
+            f"fault {name!r} has no variant {variant!r}{did_you_mean(variant, variants)}; its variants: {known}"
+        )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -118,16 +153,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     _check_fault(args.fault, args.variant)
     try:
-        result = run_lab(args.fault, variant=args.variant, world_size=args.world_size, steps=args.steps,
-                         onset=args.onset, seed=args.seed, out=args.out, framework=args.framework,
-                         probe=not args.no_probe, check_every=args.check_every, pg_timeout_s=args.pg_timeout,
-                         on_mismatch=args.on_mismatch, style=args.style)
+        result = run_lab(
+            args.fault,
+            variant=args.variant,
+            world_size=args.world_size,
+            steps=args.steps,
+            onset=args.onset,
+            seed=args.seed,
+            out=args.out,
+            framework=args.framework,
+            probe=not args.no_probe,
+            check_every=args.check_every,
+            pg_timeout_s=args.pg_timeout,
+            on_mismatch=args.on_mismatch,
+            style=args.style,
+        )
     except ValueError as exc:
         raise InputError(str(exc)) from exc
     fault = FAULTS[args.fault]
     acc = ", ".join(f"rank {r}: {a:.3f}" for r, a in sorted(result.accuracy.items())) or "none (no rank finished)"
-    print(f"lab run {args.fault}{' ' + result.variant if result.variant else ''}: world size {args.world_size}, "
-          f"{result.duration_s:.1f}s, exit codes {result.exit_codes}{' (timed out)' if result.timed_out else ''}")
+    print(
+        f"lab run {args.fault}{' ' + result.variant if result.variant else ''}: world size {args.world_size}, "
+        f"{result.duration_s:.1f}s, exit codes {result.exit_codes}{' (timed out)' if result.timed_out else ''}"
+    )
     print(f"held-out accuracy: {acc}")
     print(f"logs and records: {result.out}  →  syncdoctor diagnose {result.out}")
     if not result.ok and not fault.ends_in_error:
@@ -145,17 +193,27 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
     def progress(row) -> None:
         mark = "ok" if row.correct else "WRONG"
-        console.print(f"{row.fault:26} {row.variant:13} seed {row.seed}: {row.top_category:26} {mark} "
-                      f"({row.duration_s}s)", markup=False)
+        console.print(
+            f"{row.fault:26} {row.variant:13} seed {row.seed}: {row.top_category:26} {mark} ({row.duration_s}s)",
+            markup=False,
+        )
 
     if args.style and args.framework != "mindspore":
         raise InputError("--style applies to --framework mindspore only")
     if args.only:
         for name in args.only:
             _check_fault(name)
-    rows = run_matrix(args.out, world_size=args.world_size, framework=args.framework, steps=args.steps,
-                      onset=args.onset, pg_timeout_s=min(args.pg_timeout, 10.0), only=args.only,
-                      progress=progress, style=args.style)
+    rows = run_matrix(
+        args.out,
+        world_size=args.world_size,
+        framework=args.framework,
+        steps=args.steps,
+        onset=args.onset,
+        pg_timeout_s=min(args.pg_timeout, 10.0),
+        only=args.only,
+        progress=progress,
+        style=args.style,
+    )
     if args.json:
         print(json.dumps([r.to_json() for r in rows], indent=1))
     elif args.markdown:
@@ -163,8 +221,10 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         print("|---|---|---|---|---|---|---|---|")
         for r in rows:
             step = "—" if r.detection_step is None else str(r.detection_step)
-            print(f"| {r.fault} | {r.variant or '—'} | {r.seed} | {r.top_category} ({r.top_code or '—'}) | "
-                  f"{'✓' if r.correct else '✗'} | {r.onset_step or '—'} | {step} | {r.duration_s:.0f} s |")
+            print(
+                f"| {r.fault} | {r.variant or '—'} | {r.seed} | {r.top_category} ({r.top_code or '—'}) | "
+                f"{'✓' if r.correct else '✗'} | {r.onset_step or '—'} | {step} | {r.duration_s:.0f} s |"
+            )
         print(f"\n{sum(r.correct for r in rows)}/{len(rows)} correct")
     else:
         style = f", {args.style} style" if args.style else ""
@@ -173,18 +233,28 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             table.add_column(col)
         for r in rows:
             detected = "—" if r.expected == "healthy" else ("yes" if r.top_category != "healthy" else "no")
-            table.add_row(r.fault, r.variant, str(r.seed), detected, r.top_category, "✓" if r.correct else "✗",
-                          str(r.onset_step or "—"), str(r.detection_step if r.detection_step is not None else "—"))
+            table.add_row(
+                r.fault,
+                r.variant,
+                str(r.seed),
+                detected,
+                r.top_category,
+                "✓" if r.correct else "✗",
+                str(r.onset_step or "—"),
+                str(r.detection_step if r.detection_step is not None else "—"),
+            )
         console.print(table)
         correct = sum(r.correct for r in rows)
         console.print(f"{correct}/{len(rows)} correct")
         for fault in FAULTS.values():
             if args.framework not in fault.frameworks:
-                console.print(f"not on {args.framework}: {fault.name} — {fault.not_on.get(args.framework, '')}",
-                              markup=False)
+                console.print(
+                    f"not on {args.framework}: {fault.name} — {fault.not_on.get(args.framework, '')}", markup=False
+                )
             elif args.style in fault.ms_styles_not_on:
-                console.print(f"not in the {args.style} style: {fault.name} — {fault.ms_styles_not_on[args.style]}",
-                              markup=False)
+                console.print(
+                    f"not in the {args.style} style: {fault.name} — {fault.ms_styles_not_on[args.style]}", markup=False
+                )
     return 0 if all(r.correct for r in rows) else 1
 
 
@@ -196,13 +266,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     print("syncdoctor demo: two real data-parallel runs over gloo on loopback, then the doctor.\n")
     worst = 0
-    for fault, title in (("clean", "1/2 the clean baseline"),
-                         ("dropped-rank", "2/2 the playbook's headline failure: after a comm timeout and "
-                                          "retry, one rank is silently left out of the gradient average")):
+    for fault, title in (
+        ("clean", "1/2 the clean baseline"),
+        (
+            "dropped-rank",
+            "2/2 the playbook's headline failure: after a comm timeout and "
+            "retry, one rank is silently left out of the gradient average",
+        ),
+    ):
         print(f"── {title}", flush=True)
         result = run_lab(fault, world_size=args.world_size, out=out / fault)
-        print(f"   {result.duration_s:.1f}s, exit codes {result.exit_codes}, held-out accuracy "
-              + ", ".join(f"rank {r}: {a:.3f}" for r, a in sorted(result.accuracy.items())), flush=True)
+        print(
+            f"   {result.duration_s:.1f}s, exit codes {result.exit_codes}, held-out accuracy "
+            + ", ".join(f"rank {r}: {a:.3f}" for r, a in sorted(result.accuracy.items())),
+            flush=True,
+        )
         diag = diagnose([result.out])
         render_terminal(diag)
         html = out / f"{fault}.html"

@@ -13,9 +13,11 @@ from typing import ClassVar
 from syncdoctor.lab.plan import RankPlan
 
 # Why the data faults that only sample ids reveal cannot be shown through Model.train.
-_NO_IDS_IN_MODEL_TRAIN = ("Model.train feeds every dataset column to the network, so sample ids cannot travel "
-                          "with the batch: which samples each rank reads, the only trace of this fault, "
-                          "never reaches a probe")
+_NO_IDS_IN_MODEL_TRAIN = (
+    "Model.train feeds every dataset column to the network, so sample ids cannot travel "
+    "with the batch: which samples each rank reads, the only trace of this fault, "
+    "never reaches a probe"
+)
 
 
 class Fault:
@@ -54,10 +56,10 @@ class Clean(Fault):
     symptom = "smoothly decreasing loss, identical replicas"
     category = "healthy"
     measured = (
-        'torch, ws 2: parameters, reduced gradients and optimizer state bitwise identical across ranks at every step (checked with K=1); loss 1.1 → 0.05, held-out accuracy 0.99 in ~7 s'
-        '; MindSpore 2.10, ws 2: held-out accuracy 0.97 after 66 steps (0.986 after 154); '
-        'parameters and optimizer state bitwise identical at every step; every live check ok '
-        '(msrun, PyNative with an ms.jit step).'
+        "torch, ws 2: parameters, reduced gradients and optimizer state bitwise identical across ranks at every step (checked with K=1); loss 1.1 → 0.05, held-out accuracy 0.99 in ~7 s"
+        "; MindSpore 2.10, ws 2: held-out accuracy 0.97 after 66 steps (0.986 after 154); "
+        "parameters and optimizer state bitwise identical at every step; every live check ok "
+        "(msrun, PyNative with an ms.jit step)."
         "; MindSpore styles (probe attached zero-code): cell and model healthy over seeds 0-2, every live check ok (lab matrix, 60 steps)."
     )
     frameworks = ("torch", "mindspore")
@@ -72,8 +74,8 @@ class UnseededShuffle(Fault):
         "torch, ws 2: replicas stay identical (DDP averages); within an epoch the ranks' shards overlap (~half the samples read twice, others never); accuracy 0.97 vs 0.99 clean. The playbook's claim that this alone makes the loss jump in a sawtooth did NOT hold here: the loss still decreases smoothly"
         "; MindSpore 2.10, ws 2: MindSpore's own shuffle is seeded even when nobody seeds it "
         "(dataset seed defaults to 5489; ms.set_seed sets it), so the lab uses the playbook's "
-        'hand-written unseeded shuffle before num_shards/shard_id; epoch-1 samples overlap across '
-        'ranks, parameters identical, snapshot loader.seed null.'
+        "hand-written unseeded shuffle before num_shards/shard_id; epoch-1 samples overlap across "
+        "ranks, parameters identical, snapshot loader.seed null."
         "; MindSpore cell style: named data.seed (overlapping epoch-1 ids)."
     )
     frameworks = ("torch", "mindspore")
@@ -89,10 +91,10 @@ class ShuffleAfterShard(Fault):
     symptom = "shard contents fixed by file order; per-rank data views differ (playbook 4.2)"
     category = "data.sharding"
     measured = (
-        'torch, ws 2: replicas identical; each rank reads the same fixed half of the file order every epoch; no visible effect on loss or accuracy (0.99) on this data'
-        '; MindSpore 2.10, ws 2: contiguous per-rank blocks, then .shuffle() under per-rank '
-        'ds.config seeds (1000/2000): shards disjoint but fixed; parameters identical; snapshot '
-        'seed.dataset_seed differs across ranks.'
+        "torch, ws 2: replicas identical; each rank reads the same fixed half of the file order every epoch; no visible effect on loss or accuracy (0.99) on this data"
+        "; MindSpore 2.10, ws 2: contiguous per-rank blocks, then .shuffle() under per-rank "
+        "ds.config seeds (1000/2000): shards disjoint but fixed; parameters identical; snapshot "
+        "seed.dataset_seed differs across ranks."
         "; MindSpore cell style: named data.sharding."
     )
     frameworks = ("torch", "mindspore")
@@ -123,7 +125,7 @@ class UnevenShards(Fault):
     category = "data.sharding"
     measured = (
         "torch, ws 2: shards differ in size, partial last batches differ; the rank with more data makes one all-reduce more and fails with gloo 'Connection closed by peer' when its peer exits"
-        '; MindSpore 2.10, ws 2: (drop_remainder=False) 25 vs 21 batches an epoch; rank 1 '
+        "; MindSpore 2.10, ws 2: (drop_remainder=False) 25 vs 21 batches an epoch; rank 1 "
         "finishes and exits 0, rank 0's next AllReduce fails ('Ring ReduceScatter wait receiving "
         "... failed', 'AllReduceCPUKernelMod launch failed'), msrun exits 1. Rank 1's last batch "
         "has 1 sample, which ruins BatchNorm's moving variance: its held-out accuracy is 0.10 "
@@ -146,7 +148,7 @@ class DuplicateRankId(Fault):
     description = "two ranks take the same rank id for sharding (RANK_ID copied between hosts)"
     symptom = "two ranks see identical batches, one shard is never seen (forum table, row 1)"
     category = "config.rank_identity"
-    measured = 'torch, ws 2: both ranks read identical batches and log identical losses; one shard is never seen; accuracy 0.97'
+    measured = "torch, ws 2: both ranks read identical batches and log identical losses; one shard is never seen; accuracy 0.97"
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         if plan.rank == self.bad_rank(plan.world_size):
@@ -158,7 +160,9 @@ class DroppedRank(Fault):
     description = "after a simulated comm timeout and retry, one rank's gradients are left out of the average while it keeps updating alone"
     symptom = "loss jumps after a retry in the comm log, no error (playbook 2.3)"
     category = "sync.incomplete_reduce"
-    not_on = {"mindspore": "needs an all-reduce over a sub-group that excludes one rank; not built on MindSpore's CPU collectives"}
+    not_on = {
+        "mindspore": "needs an all-reduce over a sub-group that excludes one rank; not built on MindSpore's CPU collectives"
+    }
     measured = "torch, ws 2: from the onset the left-out rank's reduced gradients, then its parameters, differ from the others'; accuracy 0.95 vs 0.99; the loss keeps decreasing (no visible jump at this size)"
 
     def apply(self, plan: RankPlan, variant: str) -> None:
@@ -172,17 +176,18 @@ class GradAccumMisaligned(Fault):
     symptom = "accumulation counter off by one on one rank (playbook 4.3)"
     category = "sync.step_misalignment"
     measured = (
-        'torch, ws 2: no_sync — parameters stay bitwise identical (only the micro-step counters, 5 vs 4, reveal it, as facts.md says); the bad rank exhausts its shard earlier, so the job ends with a collective error. extra_update — backward counts differ from the onset and one all-reduce more makes the job fail at the end'
-        '; MindSpore 2.10, ws 2: both variants keep parameters and optimizer state bitwise '
-        'identical (collectives pair by order; the extra update uses the same reduced gradients); '
-        'only micro/backward counters differ from the onset (live check: counter); the rank that '
+        "torch, ws 2: no_sync — parameters stay bitwise identical (only the micro-step counters, 5 vs 4, reveal it, as facts.md says); the bad rank exhausts its shard earlier, so the job ends with a collective error. extra_update — backward counts differ from the onset and one all-reduce more makes the job fail at the end"
+        "; MindSpore 2.10, ws 2: both variants keep parameters and optimizer state bitwise "
+        "identical (collectives pair by order; the extra update uses the same reduced gradients); "
+        "only micro/backward counters differ from the onset (live check: counter); the rank that "
         "uses more batches runs out first and the other's last AllReduce fails, msrun exits 1."
     )
     variants = ("no_sync", "extra_update")
     frameworks = ("torch", "mindspore")
     ms_styles_not_on = {
         "cell": "TrainOneStepCell has no gradient accumulation: every call reduces and updates",
-        "model": "Model.train has no gradient accumulation: every step reduces and updates"}
+        "model": "Model.train has no gradient accumulation: every step reduces and updates",
+    }
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.accum_steps = 4
@@ -196,7 +201,7 @@ class SkippedStep(Fault):
     description = "one rank skips optimizer.step() once"
     symptom = "replicas part from one step on, no error"
     category = "sync.step_misalignment"
-    measured = 'torch, ws 2: parameters and optimizer state differ from the onset step on; optimizer-step counts differ by one; accuracy barely changes (0.99/0.986)'
+    measured = "torch, ws 2: parameters and optimizer state differ from the onset step on; optimizer-step counts differ by one; accuracy barely changes (0.99/0.986)"
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         if plan.rank == self.bad_rank(plan.world_size):
@@ -208,7 +213,7 @@ class ExtraStep(Fault):
     description = "one rank calls optimizer.step() twice once"
     symptom = "replicas part from one step on, no error"
     category = "sync.step_misalignment"
-    measured = 'torch, ws 2: parameters and optimizer state differ from the onset on; optimizer-step counts differ by one; accuracy unchanged'
+    measured = "torch, ws 2: parameters and optimizer state differ from the onset on; optimizer-step counts differ by one; accuracy unchanged"
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         if plan.rank == self.bad_rank(plan.world_size):
@@ -221,9 +226,9 @@ class LossHparamMismatch(Fault):
     symptom = "looks like a comm fault: per-rank loss offsets, averaged gradients of different losses (playbook 3.5)"
     category = "loss.definition_mismatch"
     measured = (
-        'torch, ws 2: replicas stay identical (gradients are averaged), per-rank losses sit at a persistent offset; accuracy unchanged (0.99)'
-        '; MindSpore 2.10, ws 2: parameters identical; per-rank loss offset (mean 0.29 vs 0.26 '
-        'over 66 steps), reduce_ratio 0.68 vs 0.84; snapshot loss.params.margin 0.05 vs 0.1.'
+        "torch, ws 2: replicas stay identical (gradients are averaged), per-rank losses sit at a persistent offset; accuracy unchanged (0.99)"
+        "; MindSpore 2.10, ws 2: parameters identical; per-rank loss offset (mean 0.29 vs 0.26 "
+        "over 66 steps), reduce_ratio 0.68 vs 0.84; snapshot loss.params.margin 0.05 vs 0.1."
         "; MindSpore cell and model styles: named loss.definition_mismatch."
     )
     frameworks = ("torch", "mindspore")
@@ -240,8 +245,8 @@ class GradSum(Fault):
     category = "sync.reduce_op"
     measured = (
         "torch, ws 2: replicas identical; the post-reduce gradient norm exceeds the ranks' mean local norm at most steps; training still converges at this learning rate (0.99): no jump"
-        '; MindSpore 2.10, ws 2: (gradients_mean=False) parameters identical; reduce_ratio ≈1.5 '
-        'vs ≈0.75 healthy (×2); snapshot ddp.gradients_mean false; loss still falls.'
+        "; MindSpore 2.10, ws 2: (gradients_mean=False) parameters identical; reduce_ratio ≈1.5 "
+        "vs ≈0.75 healthy (×2); snapshot ddp.gradients_mean false; loss still falls."
         "; MindSpore cell and model styles: named sync.reduce_op (gradients_mean=False in the snapshot)."
     )
     frameworks = ("torch", "mindspore")
@@ -256,10 +261,10 @@ class OptimizerStateMismatch(Fault):
     symptom = "loss curve normal-looking but the model does not converge (quick-ref last row)"
     category = "optim.state_mismatch"
     measured = (
-        'torch, ws 2: identical reduced gradients, but parameters and optimizer state differ from the onset; accuracy 0.97/0.98'
-        '; MindSpore 2.10, ws 2: momentum changed with ops.assign (Parameter.set_data on '
+        "torch, ws 2: identical reduced gradients, but parameters and optimizer state differ from the onset; accuracy 0.97/0.98"
+        "; MindSpore 2.10, ws 2: momentum changed with ops.assign (Parameter.set_data on "
         "optimizer.momentum is silently ignored by SGD's jit-compiled update after its first "
-        'call, though asnumpy() shows the new value); opt_fp and param_fp differ from the onset '
+        "call, though asnumpy() shows the new value); opt_fp and param_fp differ from the onset "
         "step; live check 'param, opt', first tensor fc1.weight."
         "; MindSpore cell and model styles: parameters part at the onset (20), named optim.state_mismatch."
     )
@@ -277,11 +282,11 @@ class InitMismatch(Fault):
     symptom = "ranks never agree; loss noisy; accuracy below single-card (forum: 参数初始化不一致)"
     category = "model.init_mismatch"
     measured = (
-        'torch, ws 2 (hand-written all-reduce): parameters differ from step 1 and never meet again; accuracy 0.975/0.99 by rank'
-        '; MindSpore 2.10, ws 2: no ms.set_seed (and no ds.config.set_seed before the model, '
-        'which also seeds init): param_fp differ at every step from step 1, live check first '
-        'tensor fc1.weight. GRAPH mode with parameter_broadcast=True makes them equal from step '
-        '1; PyNative ignores parameter_broadcast, with ms.jit too.'
+        "torch, ws 2 (hand-written all-reduce): parameters differ from step 1 and never meet again; accuracy 0.975/0.99 by rank"
+        "; MindSpore 2.10, ws 2: no ms.set_seed (and no ds.config.set_seed before the model, "
+        "which also seeds init): param_fp differ at every step from step 1, live check first "
+        "tensor fc1.weight. GRAPH mode with parameter_broadcast=True makes them equal from step "
+        "1; PyNative ignores parameter_broadcast, with ms.jit too."
         "; MindSpore, every style (model, cell, cell in GRAPH mode, functional, a jitted step): named at step 0 from the weights fingerprinted before the first update."
     )
     sync = "allreduce"
@@ -297,9 +302,9 @@ class ModeMismatch(Fault):
     symptom = "one rank's loss persistently lower/higher (forum: set_train)"
     category = "model.mode_mismatch"
     measured = (
-        'torch, ws 2: the eval-mode rank reports a lower loss (no dropout) and its module modes differ; parameters stay identical under DDP'
-        '; MindSpore 2.10, ws 2: (set_train(False) on rank 1) train_mode differs from step 1; '
-        'parameters identical; rank 1 loss mean 0.59 vs 0.35, reduce_ratio 1.13 vs 0.55.'
+        "torch, ws 2: the eval-mode rank reports a lower loss (no dropout) and its module modes differ; parameters stay identical under DDP"
+        "; MindSpore 2.10, ws 2: (set_train(False) on rank 1) train_mode differs from step 1; "
+        "parameters identical; rank 1 loss mean 0.59 vs 0.35, reduce_ratio 1.13 vs 0.55."
         "; MindSpore cell and model styles: named at step 1 (Model.train calls set_train(True) at its start, so the lab's model style leaves the net in eval mode from a rank-local callback); in GRAPH mode (TrainOneStepCell) the parameters also part from step 1."
     )
     frameworks = ("torch", "mindspore")
@@ -314,8 +319,10 @@ class BufferDivergence(Fault):
     description = "BatchNorm running statistics are never synchronised (broadcast_buffers=False)"
     symptom = "training loss fine, evaluation differs by rank"
     category = "model.buffer_divergence"
-    not_on = {"mindspore": 'MindSpore never synchronises BatchNorm statistics in data parallel: they differ in every healthy run, so there is no fault to inject'}
-    measured = 'torch, ws 2: BatchNorm running statistics differ across ranks from step 1; parameters identical; training accuracy unaffected'
+    not_on = {
+        "mindspore": "MindSpore never synchronises BatchNorm statistics in data parallel: they differ in every healthy run, so there is no fault to inject"
+    }
+    measured = "torch, ws 2: BatchNorm running statistics differ across ranks from step 1; parameters identical; training accuracy unaffected"
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.broadcast_buffers = False
@@ -327,18 +334,19 @@ class Fp16Overflow(Fault):
     symptom = "overflow flags, loss stalls or replicas part after a local skip (forum: 混合精度)"
     category = "numeric.overflow"
     measured = (
-        'torch, ws 2: no_scaling — no measurable effect on this small model (its gradients fit fp16). local_skip — at the first overflow (step ~52, when the dynamic scale doubles) one rank skips alone and the replicas part; the other ranks never learn of it'
-        '; MindSpore 2.10, ws 2: no_scaling: no overflow flag, parameters identical, loss as '
-        'healthy; only the snapshot shows it (grad_dtype float16, no loss scaler). local_skip '
-        '(ms.amp.DynamicLossScaler 2**24, window 20, all_finite on local gradients): both ranks '
-        'skip steps 1-6 together, then at step 29 rank 0 alone overflows and skips: param_fp and '
-        'opt_fp differ from there, the loss scales drift apart.'
+        "torch, ws 2: no_scaling — no measurable effect on this small model (its gradients fit fp16). local_skip — at the first overflow (step ~52, when the dynamic scale doubles) one rank skips alone and the replicas part; the other ranks never learn of it"
+        "; MindSpore 2.10, ws 2: no_scaling: no overflow flag, parameters identical, loss as "
+        "healthy; only the snapshot shows it (grad_dtype float16, no loss scaler). local_skip "
+        "(ms.amp.DynamicLossScaler 2**24, window 20, all_finite on local gradients): both ranks "
+        "skip steps 1-6 together, then at step 29 rank 0 alone overflows and skips: param_fp and "
+        "opt_fp differ from there, the loss scales drift apart."
     )
     variants = ("no_scaling", "local_skip")
     frameworks = ("torch", "mindspore")
     ms_styles_not_on = {
         "cell": "TrainOneStepWithLossScaleCell does not run on MindSpore's CPU backend (2.10)",
-        "model": "Model with a DynamicLossScaleManager does not run on MindSpore's CPU backend (2.10)"}
+        "model": "Model with a DynamicLossScaleManager does not run on MindSpore's CPU backend (2.10)",
+    }
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.fp16_grads = True
@@ -350,7 +358,7 @@ class LrNotScaled(Fault):
     description = "the world size grew but the learning rate stayed at the single-card value"
     symptom = "all ranks agree, loss decreases slower than it should (quick-ref row 4)"
     category = "hparam.lr_scaling"
-    measured = 'torch, ws 2: no visible effect on loss or accuracy within 150 steps (0.99); only the snapshot compared with the single-card recipe reveals it'
+    measured = "torch, ws 2: no visible effect on loss or accuracy within 150 steps (0.99); only the snapshot compared with the single-card recipe reveals it"
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.lr = plan.base_lr
@@ -361,7 +369,9 @@ class LrTooHigh(Fault):
     description = "not a sync fault: the learning rate is far too high on every rank"
     symptom = "monotonic divergence that single-card training shows too (playbook 1.1)"
     category = "train.divergence"
-    measured = 'torch, ws 2: the loss diverges on every rank in lockstep (replicas stay identical); accuracy 0.09 (chance)'
+    measured = (
+        "torch, ws 2: the loss diverges on every rank in lockstep (replicas stay identical); accuracy 0.09 (chance)"
+    )
 
     def apply(self, plan: RankPlan, variant: str) -> None:
         plan.lr = plan.lr * 40
@@ -375,7 +385,7 @@ class RankCrash(Fault):
     measured = (
         "torch, ws 2: the crashed rank logs 'DefaultCPUAllocator: can't allocate memory'; the survivor fails at once with gloo 'Connection closed by peer'"
         "; MindSpore 2.10, ws 2: rank 1 raises 'RuntimeError: Allocate memory failed' (a real "
-        'ops.zeros allocation); msrun kills the other worker and exits 1 after 26 s with '
+        "ops.zeros allocation); msrun kills the other worker and exits 1 after 26 s with "
         "MS_NODE_TIMEOUT=8 (53 s with defaults); the scheduler names node 1 ('The node: 1 is "
         "timed out')."
         "; MindSpore cell and model styles: named process.crash."
@@ -393,7 +403,9 @@ class CommTimeout(Fault):
     description = "one rank stalls past the process-group timeout"
     symptom = "every rank fails with a collective timeout (playbook 3.4)"
     category = "comm.fault"
-    not_on = {"mindspore": "MindSpore's CPU collectives have no per-call timeout to exceed in the lab; the stall is covered by rank-crash and msrun's node timeout"}
+    not_on = {
+        "mindspore": "MindSpore's CPU collectives have no per-call timeout to exceed in the lab; the stall is covered by rank-crash and msrun's node timeout"
+    }
     measured = "torch, ws 2: the waiting rank fails after the process-group timeout with gloo 'Timed out waiting … for recv'; the stalled rank then fails with connection errors"
     ends_in_error = True
 
@@ -404,9 +416,11 @@ class CommTimeout(Fault):
 
 class BitFlip(Fault):
     name = "bit-flip"
-    description = ("silent hardware corruption: one bit of one float32 value flips on one rank — in a parameter, "
-                   "in the reduced gradient after the all-reduce, or in the optimizer's momentum — once at the "
-                   "onset, or sporadically from there")
+    description = (
+        "silent hardware corruption: one bit of one float32 value flips on one rank — in a parameter, "
+        "in the reduced gradient after the all-reduce, or in the optimizer's momentum — once at the "
+        "onset, or sporadically from there"
+    )
     symptom = "no error anywhere; one replica parts from the others (a failing chip or memory cell)"
     category = "hardware.corruption"
     measured = (
@@ -427,9 +441,12 @@ class BitFlip(Fault):
     # (target, bit, repeat every N steps, tensor): bit 22 is the top mantissa bit (the value moves by
     # up to half), bit 30 the top exponent bit (1.0 becomes infinite, 0.05 ~1e37), bit 0 the lowest.
     VARIANTS: ClassVar[dict[str, tuple[str, int, int, str]]] = {
-        "param": ("param", 22, 0, "conv1.weight"), "param_low": ("param", 0, 0, "conv1.weight"),
-        "param_exponent": ("param", 30, 0, "bn1.weight"), "grad": ("grad", 22, 0, "conv1.weight"),
-        "opt": ("opt", 22, 0, "conv1.weight"), "sporadic": ("param", 22, 60, "conv1.weight"),
+        "param": ("param", 22, 0, "conv1.weight"),
+        "param_low": ("param", 0, 0, "conv1.weight"),
+        "param_exponent": ("param", 30, 0, "bn1.weight"),
+        "grad": ("grad", 22, 0, "conv1.weight"),
+        "opt": ("opt", 22, 0, "conv1.weight"),
+        "sporadic": ("param", 22, 60, "conv1.weight"),
     }
     variants = tuple(VARIANTS)
     matrix_variants = ("param", "grad", "opt")  # one per place; the bit's effect is in `measured`
@@ -448,10 +465,28 @@ class BitFlip(Fault):
 FAULTS: dict[str, Fault] = {
     f.name: f()
     for f in (
-        Clean, UnseededShuffle, ShuffleAfterShard, ShardOverlap, UnevenShards, DuplicateRankId,
-        DroppedRank, GradAccumMisaligned, SkippedStep, ExtraStep, LossHparamMismatch, GradSum,
-        OptimizerStateMismatch, InitMismatch, ModeMismatch, BufferDivergence, Fp16Overflow,
-        LrNotScaled, LrTooHigh, RankCrash, CommTimeout, BitFlip,
+        Clean,
+        UnseededShuffle,
+        ShuffleAfterShard,
+        ShardOverlap,
+        UnevenShards,
+        DuplicateRankId,
+        DroppedRank,
+        GradAccumMisaligned,
+        SkippedStep,
+        ExtraStep,
+        LossHparamMismatch,
+        GradSum,
+        OptimizerStateMismatch,
+        InitMismatch,
+        ModeMismatch,
+        BufferDivergence,
+        Fp16Overflow,
+        LrNotScaled,
+        LrTooHigh,
+        RankCrash,
+        CommTimeout,
+        BitFlip,
     )
 }
 

@@ -42,8 +42,9 @@ def end_process_groups(procs: Sequence[subprocess.Popen[bytes]], grace_s: float 
         p.wait()
 
 
-def run_ranks(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]],
-              logs: Sequence[Path], timeout_s: float) -> tuple[list[int | None], bool]:
+def run_ranks(
+    commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], logs: Sequence[Path], timeout_s: float
+) -> tuple[list[int | None], bool]:
     """Run one process per rank; returns their exit codes (None: ended by us) and
     whether the deadline was hit."""
     procs: list[subprocess.Popen[bytes]] = []
@@ -52,8 +53,16 @@ def run_ranks(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]],
         for cmd, env, log in zip(commands, envs, logs, strict=True):
             fh = open(log, "ab")  # noqa: SIM115 - closed in finally, after the ranks end
             files.append(fh)
-            procs.append(subprocess.Popen(list(cmd), env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    list(cmd),
+                    env=env,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
         deadline = time.monotonic() + timeout_s
         while any(p.poll() is None for p in procs):
             if time.monotonic() > deadline:

@@ -41,18 +41,40 @@ def cases(framework: str = "torch", style: str | None = None) -> list[tuple[str,
     for name, fault in FAULTS.items():
         if name == "clean" or framework not in fault.frameworks or style in fault.ms_styles_not_on:
             continue
-        variants = fault.variants_for(framework) if framework == "mindspore" else fault.matrix_variants or fault.variants
+        variants = (
+            fault.variants_for(framework) if framework == "mindspore" else fault.matrix_variants or fault.variants
+        )
         out.extend((name, variant, 0) for variant in variants)
     return out
 
 
-def run_case(fault: str, variant: str, seed: int, out_root: Path, world_size: int, framework: str,
-             steps: int, onset: int, pg_timeout_s: float, style: str | None = None) -> MatrixRow:
+def run_case(
+    fault: str,
+    variant: str,
+    seed: int,
+    out_root: Path,
+    world_size: int,
+    framework: str,
+    steps: int,
+    onset: int,
+    pg_timeout_s: float,
+    style: str | None = None,
+) -> MatrixRow:
     from syncdoctor.doctor.diagnose import diagnose
 
     name = f"{fault}{'-' + variant if variant else ''}-s{seed}"
-    result = run_lab(fault, variant=variant, world_size=world_size, seed=seed, out=out_root / name,
-                     framework=framework, steps=steps, onset=onset, pg_timeout_s=pg_timeout_s, style=style)
+    result = run_lab(
+        fault,
+        variant=variant,
+        world_size=world_size,
+        seed=seed,
+        out=out_root / name,
+        framework=framework,
+        steps=steps,
+        onset=onset,
+        pg_timeout_s=pg_timeout_s,
+        style=style,
+    )
     diag = diagnose([result.out])
     top = diag.findings[0] if diag.findings else None
     expected = FAULTS[fault].category
@@ -61,24 +83,55 @@ def run_case(fault: str, variant: str, seed: int, out_root: Path, world_size: in
         correct = diag.verdict == "healthy" and not any(f.severity == "error" for f in diag.findings)
     else:
         correct = top_category == expected
-    acts_at_onset = fault not in ("clean", "init-mismatch", "mode-mismatch", "buffer-divergence",
-                                  "unseeded-shuffle", "shuffle-after-shard", "shard-overlap", "uneven-shards",
-                                  "duplicate-rank-id", "grad-sum", "loss-hparam-mismatch", "fp16-overflow",
-                                  "lr-not-scaled", "lr-too-high")
-    return MatrixRow(fault, variant, seed, expected, diag.verdict, top_category, top.code if top else "",
-                     correct, onset if acts_at_onset else None, top.step if top else None,
-                     result.ok, round(result.duration_s, 1), str(result.out))
+    acts_at_onset = fault not in (
+        "clean",
+        "init-mismatch",
+        "mode-mismatch",
+        "buffer-divergence",
+        "unseeded-shuffle",
+        "shuffle-after-shard",
+        "shard-overlap",
+        "uneven-shards",
+        "duplicate-rank-id",
+        "grad-sum",
+        "loss-hparam-mismatch",
+        "fp16-overflow",
+        "lr-not-scaled",
+        "lr-too-high",
+    )
+    return MatrixRow(
+        fault,
+        variant,
+        seed,
+        expected,
+        diag.verdict,
+        top_category,
+        top.code if top else "",
+        correct,
+        onset if acts_at_onset else None,
+        top.step if top else None,
+        result.ok,
+        round(result.duration_s, 1),
+        str(result.out),
+    )
 
 
-def run_matrix(out_root: str | Path = "runs/matrix", world_size: int = 2, framework: str = "torch",
-               steps: int = 150, onset: int = 40, pg_timeout_s: float = 10.0,
-               only: list[str] | None = None, progress=None, style: str | None = None) -> list[MatrixRow]:
+def run_matrix(
+    out_root: str | Path = "runs/matrix",
+    world_size: int = 2,
+    framework: str = "torch",
+    steps: int = 150,
+    onset: int = 40,
+    pg_timeout_s: float = 10.0,
+    only: list[str] | None = None,
+    progress=None,
+    style: str | None = None,
+) -> list[MatrixRow]:
     rows = []
     for fault, variant, seed in cases(framework, style):
         if only and fault not in only:
             continue
-        row = run_case(fault, variant, seed, Path(out_root), world_size, framework, steps, onset, pg_timeout_s,
-                       style)
+        row = run_case(fault, variant, seed, Path(out_root), world_size, framework, steps, onset, pg_timeout_s, style)
         rows.append(row)
         if progress:
             progress(row)

@@ -41,17 +41,56 @@ class MeshRun:
         return MESH_FAULTS[self.fault][1]
 
 
-def run_mesh(style: str, fault: str, out: str | Path, *, steps: int = 40, onset: int = 12, seed: int = 0,
-             check_every: int = 5, timeout_s: float = 900.0, pg_timeout_s: float = 60.0) -> MeshRun:
+def run_mesh(
+    style: str,
+    fault: str,
+    out: str | Path,
+    *,
+    steps: int = 40,
+    onset: int = 12,
+    seed: int = 0,
+    check_every: int = 5,
+    timeout_s: float = 900.0,
+    pg_timeout_s: float = 60.0,
+) -> MeshRun:
     if style not in MESH_FAULTS.get(fault, ((),))[0]:
         raise ValueError(f"fault {fault!r} does not exist in the {style} style")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "syncdoctor.cli", "run", "--out", str(out), "--check-every", str(check_every),
-               "--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD_SIZE),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-               "-m", "syncdoctor.lab.train_mesh", "--style", style, "--fault", fault, "--steps", str(steps),
-               "--onset", str(onset), "--seed", str(seed), "--pg-timeout", str(pg_timeout_s)]
+    command = [
+        sys.executable,
+        "-m",
+        "syncdoctor.cli",
+        "run",
+        "--out",
+        str(out),
+        "--check-every",
+        str(check_every),
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(WORLD_SIZE),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "syncdoctor.lab.train_mesh",
+        "--style",
+        style,
+        "--fault",
+        fault,
+        "--steps",
+        str(steps),
+        "--onset",
+        str(onset),
+        "--seed",
+        str(seed),
+        "--pg-timeout",
+        str(pg_timeout_s),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     started = time.monotonic()
     codes, timed_out = run_ranks([command], [env], [out.parent / f"{out.name}.console.log"], timeout_s)
@@ -72,10 +111,21 @@ def matrix(out_root: Path, seeds: int = 3, steps: int = 40) -> list[dict[str, ob
         top = diag.findings[0] if diag.findings else None
         found = top.category if top and top.severity != "info" else "healthy"
         correct = diag.verdict == "healthy" if fault == "none" else found == run.expected_category
-        rows.append({"style": style, "fault": fault, "seed": seed, "verdict": diag.verdict, "top": found,
-                     "rule": top.code if top else None, "ranks": top.ranks if top else [],
-                     "step": top.step if top else None, "tensor": top.tensor if top else None,
-                     "correct": correct, "seconds": round(run.duration_s)})
+        rows.append(
+            {
+                "style": style,
+                "fault": fault,
+                "seed": seed,
+                "verdict": diag.verdict,
+                "top": found,
+                "rule": top.code if top else None,
+                "ranks": top.ranks if top else [],
+                "step": top.step if top else None,
+                "tensor": top.tensor if top else None,
+                "correct": correct,
+                "seconds": round(run.duration_s),
+            }
+        )
         print(" | ".join(str(v) for v in rows[-1].values()), flush=True)
     print(f"{sum(r['correct'] for r in rows)}/{len(rows)} correct")
     return rows
@@ -94,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = matrix(Path(args.out), steps=args.steps)
         return 0 if all(r["correct"] for r in rows) else 1
     run = run_mesh(args.style, args.fault, args.out, steps=args.steps, seed=args.seed)
-    print(f"{run.style} {run.fault}: exit {run.exit_code}, {run.duration_s:.0f} s; expect {run.expected_category}; "
-          f"next: syncdoctor diagnose {run.out}")
+    print(
+        f"{run.style} {run.fault}: exit {run.exit_code}, {run.duration_s:.0f} s; expect {run.expected_category}; "
+        f"next: syncdoctor diagnose {run.out}"
+    )
     return 0 if run.exit_code == 0 else 1
 
 

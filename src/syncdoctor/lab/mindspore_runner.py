@@ -81,16 +81,34 @@ def _sweep(marker: str, deadline_s: float = 5.0, env: str | None = None) -> list
     return survivors
 
 
-def run_msrun(script: str | Path, args: list[str], out: Path, world: int, timeout_s: float,
-              *, marker: str, python: str | None = None, env: dict[str, str] | None = None,
-              comm_timeout_s: float = 20.0) -> dict[str, Any]:
+def run_msrun(
+    script: str | Path,
+    args: list[str],
+    out: Path,
+    world: int,
+    timeout_s: float,
+    *,
+    marker: str,
+    python: str | None = None,
+    env: dict[str, str] | None = None,
+    comm_timeout_s: float = 20.0,
+) -> dict[str, Any]:
     """msrun SCRIPT ARGS with N local workers, logs in OUT; bounded by timeout_s, and
     afterwards no process whose command line contains `marker` survives."""
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [*find_msrun(python), f"--worker_num={world}", f"--local_worker_num={world}",
-           "--master_addr=127.0.0.1", f"--master_port={free_port()}", f"--log_dir={out}",
-           "--join=True", "--cluster_time_out=60", str(script), *args]
+    cmd = [
+        *find_msrun(python),
+        f"--worker_num={world}",
+        f"--local_worker_num={world}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        f"--log_dir={out}",
+        "--join=True",
+        "--cluster_time_out=60",
+        str(script),
+        *args,
+    ]
     child_env = dict(os.environ)
     # msrun starts each worker as a bare `python` found on PATH, not with its own
     # interpreter (mindspore/parallel/cluster/process_entity/_utils.py): put ours first.
@@ -100,15 +118,22 @@ def run_msrun(script: str | Path, args: list[str], out: Path, world: int, timeou
     # for a peer, and how soon the scheduler declares a silent node dead. With the
     # defaults a lost peer costs ≈30 s; the variables exist in 2.10's libmindspore_cluster.
     timeout = str(max(8, int(comm_timeout_s)))
-    child_env.update({"OMP_NUM_THREADS": "1", "GLOG_v": child_env.get("GLOG_v", "2"),
-                      "PYTHONUNBUFFERED": "1", "MS_CPU_COMM_OP_TIMEOUT": timeout,
-                      "MS_NODE_TIMEOUT": timeout})
+    child_env.update(
+        {
+            "OMP_NUM_THREADS": "1",
+            "GLOG_v": child_env.get("GLOG_v", "2"),
+            "PYTHONUNBUFFERED": "1",
+            "MS_CPU_COMM_OP_TIMEOUT": timeout,
+            "MS_NODE_TIMEOUT": timeout,
+        }
+    )
     child_env.update(env or {})
     t0 = time.monotonic()
     timed_out = False
     with open(out / "msrun.log", "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=out, stdout=log, stderr=subprocess.STDOUT, env=child_env,
-                                start_new_session=True)  # its own process group: one killpg reaches all
+        proc = subprocess.Popen(
+            cmd, cwd=out, stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True
+        )  # its own process group: one killpg reaches all
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -125,9 +150,15 @@ def run_msrun(script: str | Path, args: list[str], out: Path, world: int, timeou
     # then anything else that names this run.
     _kill_group(proc.pid, signal.SIGKILL)
     survivors = _sweep(marker)
-    return {"returncode": proc.returncode, "duration_s": round(duration, 2),
-            "logs": sorted(str(p) for p in out.glob("*.log")), "timed_out": timed_out,
-            "survivors": survivors, "framework": "mindspore", "command": cmd}
+    return {
+        "returncode": proc.returncode,
+        "duration_s": round(duration, 2),
+        "logs": sorted(str(p) for p in out.glob("*.log")),
+        "timed_out": timed_out,
+        "survivors": survivors,
+        "framework": "mindspore",
+        "command": cmd,
+    }
 
 
 def zero_code_env(out: Path, check_every: int | None = None) -> dict[str, str]:
@@ -142,8 +173,13 @@ def zero_code_env(out: Path, check_every: int | None = None) -> dict[str, str]:
     return {k: env[k] for k in ("PYTHONPATH", boot.RUN_DIR_ENV, boot.CHECK_EVERY_ENV) if k in env}
 
 
-def run_mindspore_lab(plans: list[RankPlan], out: Path, timeout_s: float = 180.0,
-                      python: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+def run_mindspore_lab(
+    plans: list[RankPlan],
+    out: Path,
+    timeout_s: float = 180.0,
+    python: str | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Run one lab job: writes OUT/plans/plan{R}.json, launches msrun, bounds it by
     timeout_s and returns {"returncode", "duration_s", "logs", "timed_out", "survivors",
     "ranks"}. Records land in OUT/records/rank{R}.jsonl, per-rank results in OUT/result{R}.json."""
@@ -155,8 +191,17 @@ def run_mindspore_lab(plans: list[RankPlan], out: Path, timeout_s: float = 180.0
     env = dict(env or {})
     if plans[0].extra.get("probe", True):
         env.update(zero_code_env(out, plans[0].extra.get("check_every")))
-    result = run_msrun(TRAIN_SCRIPT, [str(plan_dir)], out, len(plans), timeout_s, marker=str(plan_dir),
-                       python=python, env=env, comm_timeout_s=plans[0].pg_timeout_s)
+    result = run_msrun(
+        TRAIN_SCRIPT,
+        [str(plan_dir)],
+        out,
+        len(plans),
+        timeout_s,
+        marker=str(plan_dir),
+        python=python,
+        env=env,
+        comm_timeout_s=plans[0].pg_timeout_s,
+    )
     ranks = []
     for plan in plans:
         try:

@@ -18,7 +18,9 @@ class RankPlan:
     steps: int = 150  # optimizer steps
     onset: int = 40  # the step at which step-triggered faults act
     seed: int = 0
-    sync: str = "ddp"  # "ddp": DistributedDataParallel; "allreduce": hand-written, MindSpore-like (no broadcast at start)
+    sync: str = (
+        "ddp"  # "ddp": DistributedDataParallel; "allreduce": hand-written, MindSpore-like (no broadcast at start)
+    )
     batch_size: int = 32  # per rank
     base_lr: float = 0.025  # tuned on one card at batch_size
     lr: float = 0.05  # for the global batch (plans_for scales base_lr linearly); the script scales nothing
@@ -83,7 +85,9 @@ class RankPlan:
         """Whether `target` ("param", "grad", "opt") of this rank gets its bit flipped at `step`."""
         if self.bitflip != target or self.bitflip_at is None or step < self.bitflip_at:
             return False
-        return step == self.bitflip_at or (self.bitflip_every > 0 and (step - self.bitflip_at) % self.bitflip_every == 0)
+        return step == self.bitflip_at or (
+            self.bitflip_every > 0 and (step - self.bitflip_at) % self.bitflip_every == 0
+        )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -36,12 +36,19 @@ class LabResult:
 
     def to_json(self) -> dict[str, Any]:
         fault = FAULTS[self.fault]
-        return {"fault": self.fault, "variant": self.variant, "framework": self.framework,
-                "world_size": self.world_size, "category": fault.category,
-                "ends_in_error": fault.ends_in_error, "exit_codes": self.exit_codes,
-                "timed_out": self.timed_out, "duration_s": round(self.duration_s, 2),
-                "accuracy": {str(k): v for k, v in self.accuracy.items()},
-                "steps_done": {str(k): v for k, v in self.steps_done.items()}}
+        return {
+            "fault": self.fault,
+            "variant": self.variant,
+            "framework": self.framework,
+            "world_size": self.world_size,
+            "category": fault.category,
+            "ends_in_error": fault.ends_in_error,
+            "exit_codes": self.exit_codes,
+            "timed_out": self.timed_out,
+            "duration_s": round(self.duration_s, 2),
+            "accuracy": {str(k): v for k, v in self.accuracy.items()},
+            "steps_done": {str(k): v for k, v in self.steps_done.items()},
+        }
 
 
 # How a MindSpore lab rank writes its training step (lab/train_mindspore.py).
@@ -52,10 +59,22 @@ MS_STYLES = ("functional", "cell", "model")
 LAB_CHECK_EVERY = 10
 
 
-def run_lab(fault: str, *, variant: str = "", world_size: int = 2, steps: int = 150, onset: int = 40,
-            seed: int = 0, out: str | Path | None = None, framework: str = "torch", probe: bool = True,
-            check_every: int = LAB_CHECK_EVERY, pg_timeout_s: float = 20.0,
-            on_mismatch: str | None = None, style: str | None = None) -> LabResult:
+def run_lab(
+    fault: str,
+    *,
+    variant: str = "",
+    world_size: int = 2,
+    steps: int = 150,
+    onset: int = 40,
+    seed: int = 0,
+    out: str | Path | None = None,
+    framework: str = "torch",
+    probe: bool = True,
+    check_every: int = LAB_CHECK_EVERY,
+    pg_timeout_s: float = 20.0,
+    on_mismatch: str | None = None,
+    style: str | None = None,
+) -> LabResult:
     """style: MindSpore only, how the training step is written (MS_STYLES)."""
     if fault not in FAULTS:
         raise KeyError(fault)
@@ -76,8 +95,7 @@ def run_lab(fault: str, *, variant: str = "", world_size: int = 2, steps: int = 
     if out.exists():
         shutil.rmtree(out)  # a run folder holds exactly one run
     (out / "plans").mkdir(parents=True)
-    plans = plans_for(fault, variant, world_size, steps=steps, onset=onset, seed=seed,
-                      pg_timeout_s=pg_timeout_s)
+    plans = plans_for(fault, variant, world_size, steps=steps, onset=onset, seed=seed, pg_timeout_s=pg_timeout_s)
     for plan in plans:
         plan.extra.update({"probe": probe, "check_every": check_every, "on_mismatch": on_mismatch})
         if style is not None:
@@ -109,12 +127,22 @@ def _run_torch(plans: list, out: Path, timeout_s: float) -> tuple[list[int | Non
     commands, envs, logs = [], [], []
     for plan in plans:
         env = dict(os.environ)
-        env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(plan.rank),
-                    "LOCAL_RANK": str(plan.rank), "WORLD_SIZE": str(plan.world_size),
-                    "LOCAL_WORLD_SIZE": str(plan.world_size), "OMP_NUM_THREADS": "1",
-                    "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"})
-        commands.append([sys.executable, "-m", "syncdoctor.lab.train_torch",
-                         str(out / "plans" / f"plan{plan.rank}.json")])
+        env.update(
+            {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(plan.rank),
+                "LOCAL_RANK": str(plan.rank),
+                "WORLD_SIZE": str(plan.world_size),
+                "LOCAL_WORLD_SIZE": str(plan.world_size),
+                "OMP_NUM_THREADS": "1",
+                "GLOO_SOCKET_IFNAME": "lo",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        commands.append(
+            [sys.executable, "-m", "syncdoctor.lab.train_torch", str(out / "plans" / f"plan{plan.rank}.json")]
+        )
         envs.append(env)
         logs.append(out / f"train.log{plan.rank}")
     return run_ranks(commands, envs, logs, timeout_s)

@@ -127,10 +127,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc2(F.relu(self.fc1(x)))
-        if args.style == "tp":
-            h = GatherRows.apply(self.norm(ScatterRows.apply(h)))
-        else:
-            h = self.norm(h)
+        h = GatherRows.apply(self.norm(ScatterRows.apply(h))) if args.style == "tp" else self.norm(h)
         return self.head(self.drop(F.relu(h)))
 
 

@@ -58,8 +58,10 @@ ms.set_auto_parallel_context(
     # Only GRAPH mode honours this; PyNative ignores it silently (measured).
     parameter_broadcast=bool(plan.extra.get("parameter_broadcast", False)),
 )
-print(f"rank {rank}/{world_size} ready: style={style} mode={'GRAPH' if graph else 'PYNATIVE'} pid={os.getpid()}",
-      flush=True)
+print(
+    f"rank {rank}/{world_size} ready: style={style} mode={'GRAPH' if graph else 'PYNATIVE'} pid={os.getpid()}",
+    flush=True,
+)
 
 # -----------------------------------------------------------------------------
 # seeds: the model must start equal on every rank, MindSpore broadcasts nothing
@@ -104,8 +106,9 @@ class AsymmetricLoss(nn.LossBase):
 
 net = DigitsMLP()
 loss_fn = AsymmetricLoss(margin=plan.asl_margin)
-optimizer = nn.SGD(net.trainable_params(), learning_rate=plan.lr, momentum=plan.momentum,
-                   weight_decay=plan.weight_decay)
+optimizer = nn.SGD(
+    net.trainable_params(), learning_rate=plan.lr, momentum=plan.momentum, weight_decay=plan.weight_decay
+)
 grad_reducer = nn.DistributedGradReducer(optimizer.parameters)  # mean from gradients_mean
 
 # -----------------------------------------------------------------------------
@@ -136,19 +139,18 @@ elif plan.shard == "hash":
 elif not plan.shuffle_before_shard:
     # Each rank loads its own contiguous part (file order) and shuffles only that.
     per_rank = len(train_ids) // world_size
-    dataset = ds.NumpySlicesDataset(columns(train_ids[shard_id * per_rank:(shard_id + 1) * per_rank]),
-                                    shuffle=False).shuffle(buffer_size=per_rank)
+    dataset = ds.NumpySlicesDataset(
+        columns(train_ids[shard_id * per_rank : (shard_id + 1) * per_rank]), shuffle=False
+    ).shuffle(buffer_size=per_rank)
 elif plan.shuffle_seed is None:
     # The playbook's MockDataset: a hand-written shuffle with this process's own
     # unseeded RNG, then the shard. (MindSpore's own shuffle is seeded even when nobody
     # seeds it: its default dataset seed is a fixed 5489.)
     order = list(train_ids)
     random.Random().shuffle(order)
-    dataset = ds.NumpySlicesDataset(columns(np.asarray(order)), shuffle=False,
-                                    num_shards=world_size, shard_id=shard_id)
+    dataset = ds.NumpySlicesDataset(columns(np.asarray(order)), shuffle=False, num_shards=world_size, shard_id=shard_id)
 else:  # the healthy pipeline: one global shuffle with the shared seed, then the shard
-    dataset = ds.NumpySlicesDataset(columns(train_ids), shuffle=True, num_shards=world_size,
-                                    shard_id=shard_id)
+    dataset = ds.NumpySlicesDataset(columns(train_ids), shuffle=True, num_shards=world_size, shard_id=shard_id)
 dataset = dataset.batch(plan.batch_size, drop_remainder=plan.drop_last)
 
 # -----------------------------------------------------------------------------
@@ -252,13 +254,17 @@ def before_step(next_step: int) -> None:
 # training
 clean_batches = len(train_ids) // world_size // plan.batch_size // plan.accum_steps
 epochs = max(1, math.ceil(plan.steps / clean_batches))
-print(f"training: epochs={epochs} steps_per_epoch~{clean_batches} lr={plan.lr} "
-      f"global_batch={plan.batch_size * world_size * plan.accum_steps}", flush=True)
+print(
+    f"training: epochs={epochs} steps_per_epoch~{clean_batches} lr={plan.lr} "
+    f"global_batch={plan.batch_size * world_size * plan.accum_steps}",
+    flush=True,
+)
 t0 = time.time()
 first_epoch_ids: list[int] = []
 step = 0  # optimizer steps completed
 
 if style == "model":
+
     class LabCallback(ms.train.Callback):
         """The faults a Model.train user's callbacks can cause, and LossMonitor's lines."""
 
@@ -271,8 +277,11 @@ if style == "model":
         def on_train_step_end(self, run_context) -> None:
             cb = run_context.original_args()
             n = cb.batch_num
-            print(f"epoch: {cb.cur_epoch_num} step: {(cb.cur_step_num - 1) % n + 1}, "
-                  f"loss is {float(cb.net_outputs.asnumpy()):.4f}", flush=True)
+            print(
+                f"epoch: {cb.cur_epoch_num} step: {(cb.cur_step_num - 1) % n + 1}, "
+                f"loss is {float(cb.net_outputs.asnumpy()):.4f}",
+                flush=True,
+            )
 
     # Model.train feeds every column to the network: the ids stay behind.
     model = ms.train.Model(net, loss_fn=loss_fn, optimizer=optimizer)
@@ -331,5 +340,6 @@ net.set_train(False)
 predictions = net(ms.Tensor(images[test_ids])).asnumpy().argmax(1)
 accuracy = float((predictions == labels[test_ids]).mean())
 print(f"finished: steps={step} held-out accuracy {accuracy:.4f} time {time.time() - t0:.1f}s", flush=True)
-(run_dir / f"result{rank}.json").write_text(json.dumps({"rank": rank, "steps": step, "accuracy": accuracy,
-                                                           "epoch1_ids": first_epoch_ids}))
+(run_dir / f"result{rank}.json").write_text(
+    json.dumps({"rank": rank, "steps": step, "accuracy": accuracy, "epoch1_ids": first_epoch_ids})
+)

@@ -42,9 +42,7 @@ def log(msg: str) -> None:
     print(f"{stamp} | rank {rank} | {msg}", flush=True)
 
 
-dist.init_process_group(
-    "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=plan.pg_timeout_s)
-)
+dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=plan.pg_timeout_s))
 log(f"process group ready: world_size={world_size} sync={plan.sync} pid={os.getpid()}")
 # Every rank must create every group, in the same order, even the ranks outside it.
 if plan.dropped_rank is not None:
@@ -129,9 +127,7 @@ raw_model = model
 if plan.sync == "ddp":
     model = DDP(model, broadcast_buffers=plan.broadcast_buffers)
 loss_fn = AsymmetricLoss(margin=plan.asl_margin)
-optimizer = torch.optim.SGD(
-    raw_model.parameters(), lr=plan.lr, momentum=plan.momentum, weight_decay=plan.weight_decay
-)
+optimizer = torch.optim.SGD(raw_model.parameters(), lr=plan.lr, momentum=plan.momentum, weight_decay=plan.weight_decay)
 torch.manual_seed(plan.seed + 1000 * rank)  # dropout masks differ per rank, as they do in real jobs
 
 # -----------------------------------------------------------------------------
@@ -191,10 +187,16 @@ probe = syncdoctor.attach(
     optimizer,
     run_dir=run_dir,
     loss_fn=loss_fn,
-    loader={"type": "lab", "shuffle": True, "seed": plan.shuffle_seed, "drop_last": plan.drop_last,
-            "num_replicas": 1 if plan.shard == "none" else world_size,
-            "rank": 0 if plan.shard == "none" else (rank if plan.shard_id is None else plan.shard_id),
-            "dataset_len": len(train_ids), "batch_size": plan.batch_size},
+    loader={
+        "type": "lab",
+        "shuffle": True,
+        "seed": plan.shuffle_seed,
+        "drop_last": plan.drop_last,
+        "num_replicas": 1 if plan.shard == "none" else world_size,
+        "rank": 0 if plan.shard == "none" else (rank if plan.shard_id is None else plan.shard_id),
+        "dataset_len": len(train_ids),
+        "batch_size": plan.batch_size,
+    },
     global_batch=plan.batch_size * world_size * plan.accum_steps,
     baseline={"lr": plan.base_lr, "batch_size": plan.batch_size},  # the single-card recipe
     enabled=plan.extra.get("probe", True),
@@ -266,8 +268,10 @@ def update() -> float:
 
 clean_batches = len(train_ids) // world_size // plan.batch_size // plan.accum_steps
 epochs = max(1, math.ceil(plan.steps / clean_batches))
-log(f"training: epochs={epochs} steps_per_epoch~{clean_batches} lr={plan.lr} "
-    f"global_batch={plan.batch_size * world_size * plan.accum_steps}")
+log(
+    f"training: epochs={epochs} steps_per_epoch~{clean_batches} lr={plan.lr} "
+    f"global_batch={plan.batch_size * world_size * plan.accum_steps}"
+)
 model.train(plan.train_mode)
 t0 = time.time()
 for epoch in range(1, epochs + 1):

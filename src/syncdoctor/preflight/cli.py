@@ -29,19 +29,26 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Suppress one finding with `# noqa: PF3xx` on its line."
         ),
     )
-    p.add_argument("paths", nargs="*", metavar="PATH",
-                   help="files or folders to check (default: the current folder, unless "
-                        "--rank-table or --compare says what to check)")
+    p.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="files or folders to check (default: the current folder, unless "
+        "--rank-table or --compare says what to check)",
+    )
     p.add_argument("--rank-table", metavar="FILE", help="the HCCL rank table the job will use")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list")
     p.add_argument("--select", metavar="CODES", help="comma-separated codes or prefixes to run")
     p.add_argument("--ignore", metavar="CODES", help="comma-separated codes or prefixes to skip")
-    p.add_argument("--no-environ", action="store_true",
-                   help="do not hold the rank table against this shell's RANK_SIZE")
-    p.add_argument("--manifest", metavar="OUT",
-                   help="write a hash manifest of the code under PATH and the installed packages")
-    p.add_argument("--compare", nargs="+", metavar="MANIFEST",
-                   help="compare manifests written on each node (two or more)")
+    p.add_argument(
+        "--no-environ", action="store_true", help="do not hold the rank table against this shell's RANK_SIZE"
+    )
+    p.add_argument(
+        "--manifest", metavar="OUT", help="write a hash manifest of the code under PATH and the installed packages"
+    )
+    p.add_argument(
+        "--compare", nargs="+", metavar="MANIFEST", help="compare manifests written on each node (two or more)"
+    )
     p.add_argument("--list", action="store_true", help="list the preflight checks")
     p.add_argument("--explain", metavar="CODE", help="print the documentation of one check")
     p.set_defaults(func=run)
@@ -74,8 +81,7 @@ def run(args: argparse.Namespace) -> int:
         if missing:
             raise InputError(f"{missing[0]}: no such file or folder")
         data = write_manifest(args.manifest, paths)
-        print(f"wrote {args.manifest}: {len(data['files'])} files, "
-              f"{len(data['packages'])} packages")
+        print(f"wrote {args.manifest}: {len(data['files'])} files, {len(data['packages'])} packages")
         return EXIT_CLEAN
     if args.compare is not None and len(args.compare) < 2:
         raise InputError("--compare needs at least two manifests")
@@ -94,15 +100,19 @@ def run(args: argparse.Namespace) -> int:
 
 def _clean_line(inputs: Inputs, paths: list[str]) -> str:
     """What was checked, when nothing was found: a clean run says so."""
-    counts = [(len(inputs.scripts), "script", "scripts"),
-              (len(inputs.rank_tables), "rank table", "rank tables"),
-              (len(inputs.env_groups), "environment group", "environment groups"),
-              (len(inputs.manifests), "set of manifests", "sets of manifests")]
+    counts = [
+        (len(inputs.scripts), "script", "scripts"),
+        (len(inputs.rank_tables), "rank table", "rank tables"),
+        (len(inputs.env_groups), "environment group", "environment groups"),
+        (len(inputs.manifests), "set of manifests", "sets of manifests"),
+    ]
     checked = [f"{n} {one if n == 1 else many}" for n, one, many in counts if n]
     if not checked:
         where = ", ".join(paths) or "the inputs given"
-        return (f"nothing to check in {where}: no training scripts (*.py), rank tables (*.json), "
-                "environment dumps or probe records")
+        return (
+            f"nothing to check in {where}: no training scripts (*.py), rank tables (*.json), "
+            "environment dumps or probe records"
+        )
     return f"no problems found ({', '.join(checked)} checked)"
 
 
@@ -116,8 +126,7 @@ def _print(findings: list[PreflightFinding], as_json: bool) -> None:
     if findings:
         counts = {s: sum(f.severity == s for f in findings) for s in SEVERITIES}
         summary = ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items() if n)
-        print(f"Found {len(findings)} problem{'s' if len(findings) != 1 else ''} ({summary}).",
-              file=sys.stderr)
+        print(f"Found {len(findings)} problem{'s' if len(findings) != 1 else ''} ({summary}).", file=sys.stderr)
 
 
 def _dedent_doc(doc: str) -> str:

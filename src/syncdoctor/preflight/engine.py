@@ -73,9 +73,12 @@ def iter_files(paths: Iterable[str | Path]) -> Iterable[Path]:
             raise PreflightInputError(f"{raw}: no such file or folder")
 
 
-def collect(paths: Sequence[str | Path], rank_table: str | Path | None = None,
-            compare: Sequence[str | Path] = (), environ: Mapping[str, str] | None = None
-            ) -> Inputs:
+def collect(
+    paths: Sequence[str | Path],
+    rank_table: str | Path | None = None,
+    compare: Sequence[str | Path] = (),
+    environ: Mapping[str, str] | None = None,
+) -> Inputs:
     inputs = Inputs()
     env_files: list[Path] = []
     table_files: list[Path] = []
@@ -100,9 +103,7 @@ def collect(paths: Sequence[str | Path], rank_table: str | Path | None = None,
         try:
             table = load_rank_table(path)
         except RankTableError as exc:
-            inputs.unreadable.setdefault("rank_table", []).append(
-                Unparsable(str(path), str(exc), *exc.pos)
-            )
+            inputs.unreadable.setdefault("rank_table", []).append(Unparsable(str(path), str(exc), *exc.pos))
             continue
         inputs.rank_tables.append(RankTableContext(table, inputs.env_groups, environ))
     for group in inputs.env_groups:
@@ -169,8 +170,7 @@ def _selected(check: type[Check], select: Sequence[str] | None, ignore: Sequence
     return select is None or any(code.startswith(p.upper()) for p in select)
 
 
-def evaluate(inputs: Inputs, select: Sequence[str] | None = None,
-             ignore: Sequence[str] = ()) -> list[PreflightFinding]:
+def evaluate(inputs: Inputs, select: Sequence[str] | None = None, ignore: Sequence[str] = ()) -> list[PreflightFinding]:
     findings: list[PreflightFinding] = []
     for check_cls in all_checks():
         if not _selected(check_cls, select, ignore):
@@ -189,8 +189,9 @@ def evaluate(inputs: Inputs, select: Sequence[str] | None = None,
 
 
 def _finding(check: type[Check], hit: Hit, default_path: str) -> PreflightFinding:
-    return PreflightFinding(hit.path or default_path, max(hit.line, 1), max(hit.col, 1),
-                            check.code, check.severity, hit.message)
+    return PreflightFinding(
+        hit.path or default_path, max(hit.line, 1), max(hit.col, 1), check.code, check.severity, hit.message
+    )
 
 
 def _context_path(ctx: Any) -> str:

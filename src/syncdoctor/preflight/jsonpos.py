@@ -34,8 +34,9 @@ class LineIndex:
         return self.position(found if found >= 0 else obj.start)
 
 
-def _parse_object(s_and_end: tuple[str, int], strict: bool, scan_once: Any, object_hook: Any,
-                  object_pairs_hook: Any, memo: Any = None) -> tuple[Any, int]:
+def _parse_object(
+    s_and_end: tuple[str, int], strict: bool, scan_once: Any, object_hook: Any, object_pairs_hook: Any, memo: Any = None
+) -> tuple[Any, int]:
     start = s_and_end[1] - 1
     obj, end = decoder.JSONObject(s_and_end, strict, scan_once, None, PosDict, memo)
     obj.start, obj.end = start, end

@@ -18,18 +18,53 @@ from typing import Any
 MANIFEST_SCHEMA = "syncdoctor.manifest/1"
 # Source and configuration files only: checkpoints and data sets would take minutes
 # to hash and say nothing about the code a rank runs.
-SOURCE_SUFFIXES = frozenset({
-    ".py", ".pyx", ".pxd", ".pyi", ".sh", ".json", ".yaml", ".yml", ".toml", ".cfg", ".ini",
-    ".txt", ".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".cuh",
-})
+SOURCE_SUFFIXES = frozenset(
+    {
+        ".py",
+        ".pyx",
+        ".pxd",
+        ".pyi",
+        ".sh",
+        ".json",
+        ".yaml",
+        ".yml",
+        ".toml",
+        ".cfg",
+        ".ini",
+        ".txt",
+        ".c",
+        ".cc",
+        ".cpp",
+        ".h",
+        ".hpp",
+        ".cu",
+        ".cuh",
+    }
+)
 MAX_FILE_BYTES = 8 << 20
 
 # Folders never walked, by the manifest nor by preflight: tool caches, environments, VCS.
-SKIP_DIRS = frozenset({
-    ".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", "site-packages",
-    "node_modules", ".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", "build",
-    "dist", ".eggs",
-})
+SKIP_DIRS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "__pycache__",
+        ".venv",
+        "venv",
+        "env",
+        "site-packages",
+        "node_modules",
+        ".tox",
+        ".nox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        "build",
+        "dist",
+        ".eggs",
+    }
+)
 
 
 class ManifestError(ValueError):
@@ -115,11 +150,9 @@ def load_manifest(path: str | Path) -> Manifest:
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read manifest ({exc.strerror})") from None
     except json.JSONDecodeError as exc:
-        raise ManifestError(
-            f"{path}:{exc.lineno}:{exc.colno}: malformed manifest JSON: {exc.msg}"
-        ) from None
+        raise ManifestError(f"{path}:{exc.lineno}:{exc.colno}: malformed manifest JSON: {exc.msg}") from None
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
-        raise ManifestError(f"{path}: not a syncdoctor manifest (no \"files\" object)")
+        raise ManifestError(f'{path}: not a syncdoctor manifest (no "files" object)')
     return Manifest(
         path=str(path),
         label=f"{Path(path).name} ({data['host']})" if data.get("host") else Path(path).name,
@@ -143,17 +176,19 @@ def manifests_from_records(snapshots: Iterable[Any]) -> list[Manifest]:
             continue
         base = os.path.dirname(str(code.get("entry") or ""))
         versions = {str(k): str(v) for k, v in (rec.get("versions") or {}).items() if v}
-        out.append(Manifest(
-            path=snap.path,
-            label=f"rank {rec.get('rank', '?')}" + (f" ({rec['host']})" if rec.get("host") else ""),
-            files={_relative(str(p), base): str(h) for p, h in files.items()},
-            packages={_norm(k): v for k, v in versions.items() if k != "python"},
-            python=versions.get("python"),
-        ))
+        out.append(
+            Manifest(
+                path=snap.path,
+                label=f"rank {rec.get('rank', '?')}" + (f" ({rec['host']})" if rec.get("host") else ""),
+                files={_relative(str(p), base): str(h) for p, h in files.items()},
+                packages={_norm(k): v for k, v in versions.items() if k != "python"},
+                python=versions.get("python"),
+            )
+        )
     return out
 
 
 def _relative(path: str, base: str) -> str:
     if base and os.path.isabs(path) and path.startswith(base.rstrip("/") + "/"):
-        return path[len(base.rstrip("/")) + 1:]
+        return path[len(base.rstrip("/")) + 1 :]
     return path

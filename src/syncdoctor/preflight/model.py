@@ -12,8 +12,9 @@ from syncdoctor.rulebook import Entry, Severity
 
 Target = Literal["script", "rank_table", "env", "manifest"]
 # C0/C1 controls, DEL and the bidirectional overrides, written as Python escapes.
-_ESCAPES = {c: ascii(chr(c))[1:-1]
-            for c in (*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+_ESCAPES = {
+    c: ascii(chr(c))[1:-1] for c in (*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+}
 
 
 @dataclass(frozen=True, order=True)
@@ -62,8 +63,14 @@ class Check(Entry):
     @classmethod
     def docs(cls) -> dict[str, Any]:
         sections = super().docs()
-        return {"code": cls.code, "name": cls.name, "category": cls.target, "severity": cls.severity,
-                "title": sections["summary"], **sections}
+        return {
+            "code": cls.code,
+            "name": cls.name,
+            "category": cls.target,
+            "severity": cls.severity,
+            "title": sections["summary"],
+            **sections,
+        }
 
     def evaluate(self, ctx: Any) -> Iterable[Hit]:
         """Yield one Hit per problem found in `ctx` (the context type of `target`)."""

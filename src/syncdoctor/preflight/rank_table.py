@@ -94,9 +94,7 @@ def load_rank_table(path: str | Path) -> RankTable:
     except json.JSONDecodeError as exc:
         raise RankTableError(f"malformed JSON: {exc.msg}", (exc.lineno, exc.colno)) from None
     if not isinstance(data, dict) or not any(k in data for k in RANK_TABLE_KEYS):
-        raise RankTableError(
-            "not a rank table: expected a JSON object with one of " + ", ".join(RANK_TABLE_KEYS)
-        )
+        raise RankTableError("not a rank table: expected a JSON object with one of " + ", ".join(RANK_TABLE_KEYS))
     if "server_group_list" in data:
         groups = [
             _server_list_group(g, idx, f"group {g.get('group_id', i)}")

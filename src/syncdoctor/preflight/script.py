@@ -14,52 +14,147 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 # Environment variables, names and calls that carry the rank of this process.
-RANK_ENV = frozenset({
-    "RANK", "LOCAL_RANK", "RANK_ID", "DEVICE_ID", "NODE_RANK", "GROUP_RANK",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID",
-    "PMI_RANK", "MS_NODE_ID",
-})
-RANK_NAMES = frozenset({
-    "rank", "local_rank", "global_rank", "rank_id", "local_rank_id", "node_rank",
-    "process_index", "local_process_index", "is_master", "is_main", "is_main_process",
-    "is_local_main_process", "main_process", "master_process", "is_rank_zero",
-    "is_global_zero", "is_rank0",
-})
-RANK_CALLS = frozenset({
-    "get_rank", "get_local_rank", "get_global_rank", "get_rank_id", "get_local_rank_id",
-    "get_node_rank", "is_main_process", "is_master", "is_rank_zero",
-})
-WORLD_ENV = frozenset({
-    "WORLD_SIZE", "RANK_SIZE", "DEVICE_NUM", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE",
-    "SLURM_NTASKS", "MS_WORKER_NUM",
-})
-WORLD_NAMES = frozenset({
-    "world_size", "group_size", "rank_size", "device_num", "num_replicas", "num_processes",
-    "nprocs", "n_gpu", "ngpus", "num_gpus", "num_devices", "global_batch_size",
-    "global_batch", "total_batch_size", "effective_batch_size", "num_shards",
-})
-WORLD_CALLS = frozenset({
-    "get_world_size", "get_group_size", "get_rank_size", "get_device_num",
-    "get_local_world_size",
-})
+RANK_ENV = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "RANK_ID",
+        "DEVICE_ID",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "PMI_RANK",
+        "MS_NODE_ID",
+    }
+)
+RANK_NAMES = frozenset(
+    {
+        "rank",
+        "local_rank",
+        "global_rank",
+        "rank_id",
+        "local_rank_id",
+        "node_rank",
+        "process_index",
+        "local_process_index",
+        "is_master",
+        "is_main",
+        "is_main_process",
+        "is_local_main_process",
+        "main_process",
+        "master_process",
+        "is_rank_zero",
+        "is_global_zero",
+        "is_rank0",
+    }
+)
+RANK_CALLS = frozenset(
+    {
+        "get_rank",
+        "get_local_rank",
+        "get_global_rank",
+        "get_rank_id",
+        "get_local_rank_id",
+        "get_node_rank",
+        "is_main_process",
+        "is_master",
+        "is_rank_zero",
+    }
+)
+WORLD_ENV = frozenset(
+    {
+        "WORLD_SIZE",
+        "RANK_SIZE",
+        "DEVICE_NUM",
+        "LOCAL_WORLD_SIZE",
+        "OMPI_COMM_WORLD_SIZE",
+        "SLURM_NTASKS",
+        "MS_WORKER_NUM",
+    }
+)
+WORLD_NAMES = frozenset(
+    {
+        "world_size",
+        "group_size",
+        "rank_size",
+        "device_num",
+        "num_replicas",
+        "num_processes",
+        "nprocs",
+        "n_gpu",
+        "ngpus",
+        "num_gpus",
+        "num_devices",
+        "global_batch_size",
+        "global_batch",
+        "total_batch_size",
+        "effective_batch_size",
+        "num_shards",
+    }
+)
+WORLD_CALLS = frozenset(
+    {
+        "get_world_size",
+        "get_group_size",
+        "get_rank_size",
+        "get_device_num",
+        "get_local_world_size",
+    }
+)
 # Calls through which a value keeps its dependence (int(os.environ["RANK"]), ...).
 _PASS_THROUGH = frozenset({"int", "float", "str", "bool", "abs", "min", "max", "round"})
 
-COLLECTIVES = frozenset({
-    "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "all_to_all",
-    "all_to_all_single", "broadcast", "broadcast_object_list", "reduce", "reduce_scatter",
-    "reduce_scatter_tensor", "barrier", "monitored_barrier", "gather", "gather_object",
-    "scatter", "scatter_object_list", "new_group",
-})
+COLLECTIVES = frozenset(
+    {
+        "all_reduce",
+        "all_gather",
+        "all_gather_object",
+        "all_gather_into_tensor",
+        "all_to_all",
+        "all_to_all_single",
+        "broadcast",
+        "broadcast_object_list",
+        "reduce",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "barrier",
+        "monitored_barrier",
+        "gather",
+        "gather_object",
+        "scatter",
+        "scatter_object_list",
+        "new_group",
+    }
+)
 # MindSpore's collective primitives are classes: `AllReduce()` makes the op.
-MS_COLLECTIVE_OPS = frozenset({
-    "AllReduce", "AllGather", "Broadcast", "ReduceScatter", "AlltoAll", "Barrier", "Reduce",
-    "CollectiveGather", "CollectiveScatter",
-})
-_DP_NAMES = frozenset({
-    "init_process_group", "DistributedDataParallel", "DDP", "DistributedSampler",
-    "FullyShardedDataParallel", "FSDP", "set_auto_parallel_context", "DistributedGradReducer",
-})
+MS_COLLECTIVE_OPS = frozenset(
+    {
+        "AllReduce",
+        "AllGather",
+        "Broadcast",
+        "ReduceScatter",
+        "AlltoAll",
+        "Barrier",
+        "Reduce",
+        "CollectiveGather",
+        "CollectiveScatter",
+    }
+)
+_DP_NAMES = frozenset(
+    {
+        "init_process_group",
+        "DistributedDataParallel",
+        "DDP",
+        "DistributedSampler",
+        "FullyShardedDataParallel",
+        "FSDP",
+        "set_auto_parallel_context",
+        "DistributedGradReducer",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -76,11 +171,22 @@ WORLD = _Sources(WORLD_ENV, WORLD_NAMES, WORLD_CALLS, control=False, uniform_tes
 
 Branch = tuple[ast.If, str]
 # Nodes that never contain a call or an assignment: not worth walking into.
-_LEAVES = frozenset({
-    ast.Name, ast.Constant, ast.Load, ast.Store, ast.Del, ast.Pass, ast.Break, ast.Continue,
-    ast.alias, ast.Global, ast.Nonlocal,
-    *(c for base in (ast.operator, ast.unaryop, ast.cmpop, ast.boolop) for c in base.__subclasses__()),
-})  # an enclosing `if` and the arm: "body" or "orelse"
+_LEAVES = frozenset(
+    {
+        ast.Name,
+        ast.Constant,
+        ast.Load,
+        ast.Store,
+        ast.Del,
+        ast.Pass,
+        ast.Break,
+        ast.Continue,
+        ast.alias,
+        ast.Global,
+        ast.Nonlocal,
+        *(c for base in (ast.operator, ast.unaryop, ast.cmpop, ast.boolop) for c in base.__subclasses__()),
+    }
+)  # an enclosing `if` and the arm: "body" or "orelse"
 
 
 @dataclass(eq=False)
@@ -111,9 +217,7 @@ class CallInfo:
 
     def under(self, *roots: str) -> bool:
         """Resolved to a name inside one of the packages `roots` (torch, mindspore...)."""
-        return self.qual is not None and any(
-            self.qual == r or self.qual.startswith(r + ".") for r in roots
-        )
+        return self.qual is not None and any(self.qual == r or self.qual.startswith(r + ".") for r in roots)
 
     def has_kwargs_splat(self) -> bool:
         return any(k.arg is None for k in self.node.keywords)
@@ -265,8 +369,7 @@ class ScriptContext:
         if not node.level:
             self._note_framework(mod)
 
-    def _record_assign(self, target: ast.expr, value: ast.expr | None,
-                       branches: tuple[Branch, ...]) -> None:
+    def _record_assign(self, target: ast.expr, value: ast.expr | None, branches: tuple[Branch, ...]) -> None:
         if (
             isinstance(target, ast.Tuple | ast.List)
             and isinstance(value, ast.Tuple | ast.List)
@@ -347,8 +450,9 @@ class ScriptContext:
             if name in src.calls:
                 return True
             if name in ("get", "getenv") and expr.args:
-                return self._env_key(f.value if isinstance(f, ast.Attribute) else f,
-                                     expr.args[0], getter=True) in src.env
+                return (
+                    self._env_key(f.value if isinstance(f, ast.Attribute) else f, expr.args[0], getter=True) in src.env
+                )
             if name in _PASS_THROUGH and isinstance(f, ast.Name):
                 return any(self._depends(a, dep, src) for a in expr.args)
             return False  # any other call: its result is not traced
@@ -370,7 +474,7 @@ class ScriptContext:
         return False
 
     def _env_key(self, obj: ast.AST, key: ast.AST, getter: bool = False) -> str | None:
-        """"RANK" for os.environ["RANK"], os.environ.get("RANK"), os.getenv("RANK")."""
+        """ "RANK" for os.environ["RANK"], os.environ.get("RANK"), os.getenv("RANK")."""
         if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
             return None
         d = dotted_name(obj) or ""
@@ -420,7 +524,9 @@ class ScriptContext:
 
     def is_collective(self, call: CallInfo) -> bool:
         if call.name in COLLECTIVES and (
-            call.under("torch.distributed", "mindspore") or call.qual is None and call.dotted
+            call.under("torch.distributed", "mindspore")
+            or call.qual is None
+            and call.dotted
             and call.dotted.split(".")[0] in ("dist", "comm")
         ):
             return True
@@ -428,8 +534,12 @@ class ScriptContext:
         if isinstance(call.node.func, ast.Name | ast.Attribute) and call.qual is None:
             for value in self.bound_values(call.node.func):
                 inner = self.call_of(value)
-                if inner is not None and inner is not call and inner.name in MS_COLLECTIVE_OPS \
-                        and inner.under("mindspore"):
+                if (
+                    inner is not None
+                    and inner is not call
+                    and inner.name in MS_COLLECTIVE_OPS
+                    and inner.under("mindspore")
+                ):
                     return True
         return False
 
@@ -459,12 +569,16 @@ class ScriptContext:
         for c in self.calls:
             if c.name in _FACT_CALLS:
                 facts.add(_FACT_CALLS[c.name])
-            if c.name in ("DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP") \
-                    or c.qual in ("deepspeed.initialize", "accelerate.Accelerator"):
+            if c.name in ("DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP") or c.qual in (
+                "deepspeed.initialize",
+                "accelerate.Accelerator",
+            ):
                 facts.add("ddp")
-            if c.kw("loss_scale_manager") is not None or (
-                c.name == "Accelerator" and c.kw("mixed_precision") is not None
-            ) or c.qual in ("deepspeed.initialize", "apex.amp.initialize"):
+            if (
+                c.kw("loss_scale_manager") is not None
+                or (c.name == "Accelerator" and c.kw("mixed_precision") is not None)
+                or c.qual in ("deepspeed.initialize", "apex.amp.initialize")
+            ):
                 facts.add("loss_scale")
             if c.name == "set_auto_parallel_context":
                 mean = c.kw("gradients_mean")
@@ -491,9 +605,18 @@ _FACT_CALLS = {
     "GradOperation": "custom_loop",
     "Model": "ms_model",
     **dict.fromkeys(
-        ("GradScaler", "ShardedGradScaler", "DynamicLossScaleManager", "FixedLossScaleManager",
-         "DynamicLossScaler", "StaticLossScaler", "DynamicLossScaleUpdateCell",
-         "FixedLossScaleUpdateCell", "TrainOneStepWithLossScaleCell", "all_finite"),
+        (
+            "GradScaler",
+            "ShardedGradScaler",
+            "DynamicLossScaleManager",
+            "FixedLossScaleManager",
+            "DynamicLossScaler",
+            "StaticLossScaler",
+            "DynamicLossScaleUpdateCell",
+            "FixedLossScaleUpdateCell",
+            "TrainOneStepWithLossScaleCell",
+            "all_finite",
+        ),
         "loss_scale",
     ),
 }
@@ -502,8 +625,13 @@ _FACT_CALLS = {
 def _is_dp_marker(c: CallInfo) -> bool:
     return (
         c.name in _DP_NAMES
-        or c.qual in ("mindspore.communication.init", "mindspore.communication.management.init",
-                      "deepspeed.initialize", "accelerate.Accelerator")
+        or c.qual
+        in (
+            "mindspore.communication.init",
+            "mindspore.communication.management.init",
+            "deepspeed.initialize",
+            "accelerate.Accelerator",
+        )
         or (c.name == "shard" and bool(c.node.args or c.node.keywords))
         or c.kw("num_shards") is not None
         or (c.name in COLLECTIVES and c.under("torch.distributed"))
@@ -519,19 +647,39 @@ def is_shard_point(c: CallInfo) -> bool:
     return c.kw("num_shards") is not None and shuffle is not None and literal(shuffle.value) is False
 
 
-_OPTIMIZERS = frozenset({
-    "SGD", "Adam", "AdamW", "RMSprop", "RMSProp", "Adagrad", "Adadelta", "Adamax", "NAdam",
-    "RAdam", "LBFGS", "Momentum", "Lamb", "LAMB", "LARS", "AdamWeightDecay", "Adafactor",
-    "FTRL", "ProximalAdagrad", "Rprop", "ASGD", "SparseAdam", "Lion",
-})
+_OPTIMIZERS = frozenset(
+    {
+        "SGD",
+        "Adam",
+        "AdamW",
+        "RMSprop",
+        "RMSProp",
+        "Adagrad",
+        "Adadelta",
+        "Adamax",
+        "NAdam",
+        "RAdam",
+        "LBFGS",
+        "Momentum",
+        "Lamb",
+        "LAMB",
+        "LARS",
+        "AdamWeightDecay",
+        "Adafactor",
+        "FTRL",
+        "ProximalAdagrad",
+        "Rprop",
+        "ASGD",
+        "SparseAdam",
+        "Lion",
+    }
+)
 
 
 def is_optimizer_ctor(c: CallInfo) -> bool:
     if c.under("torch.optim.lr_scheduler") or c.name.startswith(("get_", "create_")):
         return False
-    return c.name in _OPTIMIZERS or c.name.endswith("Optimizer") or (
-        c.under("torch.optim") and c.name[:1].isupper()
-    )
+    return c.name in _OPTIMIZERS or c.name.endswith("Optimizer") or (c.under("torch.optim") and c.name[:1].isupper())
 
 
 def is_loss_ctor(c: CallInfo) -> bool:
@@ -550,8 +698,10 @@ def is_optimizer_step(ctx: ScriptContext, c: CallInfo) -> bool:
     if c.qual is None and isinstance(c.node.func, ast.Name):
         for value in ctx.bound_values(c.node.func):
             inner = ctx.call_of(value)
-            if inner is not None and inner is not c and (
-                inner.name.startswith("TrainOneStep") or is_optimizer_ctor(inner)
+            if (
+                inner is not None
+                and inner is not c
+                and (inner.name.startswith("TrainOneStep") or is_optimizer_ctor(inner))
             ):
                 return True
     return False
@@ -560,8 +710,7 @@ def is_optimizer_step(ctx: ScriptContext, c: CallInfo) -> bool:
 def accumulation_guard(ctx: ScriptContext, c: CallInfo) -> ast.If | None:
     """The `if ... % N ...:` an optimizer step sits in: gradient accumulation."""
     for node, arm in reversed(getattr(c, "branches", ())):
-        if arm == "body" and any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
-                                 for n in ast.walk(node.test)):
+        if arm == "body" and any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(node.test)):
             return node
     return None
 

@@ -35,8 +35,7 @@ import torch.distributed as dist
 from syncdoctor.probe import boot, core
 
 MAX_TRACKED = 16  # loaders / loss modules remembered for the snapshot
-_state: dict[str, Any] = {"installed": False, "pg_timeout_s": None, "backward_calls": 0,
-                          "pending_losses": []}
+_state: dict[str, Any] = {"installed": False, "pg_timeout_s": None, "backward_calls": 0, "pending_losses": []}
 _loaders: list[weakref.ref[Any]] = []
 _loss_modules: list[weakref.ref[Any]] = []
 
@@ -61,8 +60,12 @@ def _is_rank() -> bool:
 def _probe_kwargs() -> dict[str, Any]:
     rank = dist.get_rank() if dist.is_initialized() else boot.launcher_rank() or 0
     folder = boot.run_dir() or core.DEFAULT_RUN_DIR
-    return {"run_dir": folder, "check_timeout_s": _state["pg_timeout_s"], "auto": True,
-            "log_path": os.path.join(folder, "logs", f"rank{rank}.log")}
+    return {
+        "run_dir": folder,
+        "check_timeout_s": _state["pg_timeout_s"],
+        "auto": True,
+        "log_path": os.path.join(folder, "logs", f"rank{rank}.log"),
+    }
 
 
 def _new_probe(model: torch.nn.Module, **kwargs: Any) -> core.Probe:
@@ -110,8 +113,11 @@ class _ParamsView(torch.nn.Module):
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         super().__init__()
-        self._named = [(f"group{g}.param{i}", p) for g, group in enumerate(optimizer.param_groups)
-                       for i, p in enumerate(group["params"])]
+        self._named = [
+            (f"group{g}.param{i}", p)
+            for g, group in enumerate(optimizer.param_groups)
+            for i, p in enumerate(group["params"])
+        ]
 
     def named_parameters(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         return iter(self._named)

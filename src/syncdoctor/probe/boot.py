@@ -81,10 +81,23 @@ class _Tee:
         orig_out, orig_err = self.original
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _TEE_SOURCE, path,
-                 str(r_out), str(r_err), str(orig_out), str(orig_err)],
-                pass_fds=(r_out, r_err, orig_out, orig_err), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    "-c",
+                    _TEE_SOURCE,
+                    path,
+                    str(r_out),
+                    str(r_err),
+                    str(orig_out),
+                    str(orig_err),
+                ],
+                pass_fds=(r_out, r_err, orig_out, orig_err),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
             )
         except OSError:
             for fd in (r_out, w_out, r_err, w_err):
@@ -148,8 +161,12 @@ def is_helper() -> bool:
 
 # (rank variable, size variable) as launchers export them: torchrun and shell loops,
 # Open MPI, PMI (mpich, slurm's srun), MindSpore's msrun.
-_LAUNCHER_VARS = (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-                  ("PMI_RANK", "PMI_SIZE"), ("RANK_ID", "RANK_SIZE"))
+_LAUNCHER_VARS = (
+    ("RANK", "WORLD_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PMI_RANK", "PMI_SIZE"),
+    ("RANK_ID", "RANK_SIZE"),
+)
 
 
 def launcher_rank() -> int | None:

@@ -43,8 +43,21 @@ if TYPE_CHECKING:
 
 MIN_SLACK_STEPS = 4
 # The order of the gathered vector. Floats travel as their IEEE bits.
-FIELDS = ("step", "backward", "opt_steps", "micro", "param_fp", "opt_fp", "grad_fp",
-          "buffer_fp", "data_fp", "config_fp", "mode", "loss_bits", "grad_norm_bits")
+FIELDS = (
+    "step",
+    "backward",
+    "opt_steps",
+    "micro",
+    "param_fp",
+    "opt_fp",
+    "grad_fp",
+    "buffer_fp",
+    "data_fp",
+    "config_fp",
+    "mode",
+    "loss_bits",
+    "grad_norm_bits",
+)
 N_INT = FIELDS.index("mode")  # the fields taken from the record as they are
 # Job-wide: every rank must agree on these, whatever the parallelism.
 MUST_MATCH = ("step", "backward", "opt_steps", "micro", "config_fp", "mode")
@@ -58,13 +71,29 @@ N_CLASS_COLUMNS = len(CLASS_FIELDS) * MAX_CLASSES
 # After the classes: the data key (ranks with equal keys may read the same batch, as
 # tensor-parallel peers do), then the per-tensor fingerprint groups.
 WIDTH = len(FIELDS) + N_CLASS_COLUMNS + 1
-WHAT = {"step": "counter", "backward": "counter", "opt_steps": "counter", "micro": "counter",
-        "param_fp": "param", "opt_fp": "opt", "grad_fp": "grad", "buffer_fp": "buffer",
-        "config_fp": "config", "mode": "mode"}
+WHAT = {
+    "step": "counter",
+    "backward": "counter",
+    "opt_steps": "counter",
+    "micro": "counter",
+    "param_fp": "param",
+    "opt_fp": "opt",
+    "grad_fp": "grad",
+    "buffer_fp": "buffer",
+    "config_fp": "config",
+    "mode": "mode",
+}
 # The log line names the most telling difference first.
-LABEL = {"param": "parameter", "opt": "optimizer state", "grad": "reduced gradient",
-         "buffer": "buffer", "counter": "step counter", "config": "optimizer/loss configuration",
-         "mode": "train/eval mode", "data": "duplicate data"}
+LABEL = {
+    "param": "parameter",
+    "opt": "optimizer state",
+    "grad": "reduced gradient",
+    "buffer": "buffer",
+    "counter": "step counter",
+    "config": "optimizer/loss configuration",
+    "mode": "train/eval mode",
+    "data": "duplicate data",
+}
 
 
 SyncMismatchError = settings.SyncMismatchError  # one type for both probes (syncdoctor/settings.py)
@@ -125,7 +154,7 @@ def plain_row(values: list[int], rank: int) -> list[int]:
     replicated class holding the whole-model fingerprints, and a data key of its own."""
     at = {f: values[i] for i, f in enumerate(FIELDS)}
     classes = [1, at["param_fp"], at["opt_fp"], at["grad_fp"]] + [0] * (N_CLASS_COLUMNS - len(CLASS_FIELDS))
-    return [*values[:len(FIELDS)], *classes, rank + 1]
+    return [*values[: len(FIELDS)], *classes, rank + 1]
 
 
 def compare(table: list[list[int]], buffers_must_match: bool) -> tuple[list[str], list[int]]:
@@ -134,8 +163,9 @@ def compare(table: list[list[int]], buffers_must_match: bool) -> tuple[list[str]
     return what, ranks
 
 
-def compare_groups(table: list[list[int]], buffers_must_match: bool
-                   ) -> tuple[list[str], list[int], list[dict[str, Any]]]:
+def compare_groups(
+    table: list[list[int]], buffers_must_match: bool
+) -> tuple[list[str], list[int], list[dict[str, Any]]]:
     """What differs, which ranks, and the replica groups that disagree:
     [{"class": c, "members": [...], "odd": [...], "what": [...]}]."""
     table = [row if len(row) >= WIDTH else plain_row(row, r) for r, row in enumerate(table)]
@@ -222,16 +252,16 @@ class CrossRankCheck:
         self.rank = probe.rank
         self.timeout_s = timeout_s
         self.world_size = probe.world_size
-        self.store = dist.PrefixStore(f"syncdoctor/{next(_instances)}",
-                                      job_store(min(timeout_s, STORE_TIMEOUT_S)))
+        self.store = dist.PrefixStore(f"syncdoctor/{next(_instances)}", job_store(min(timeout_s, STORE_TIMEOUT_S)))
         # Checks travel in blocks of `block` consecutive ones (one store write per rank
         # and block), and each block is read by one rank, in turn (by every rank under
         # "raise", so that all of them stop at the same check): one round trip. A block
         # is read `lag` checks after its last one, and at least MIN_SLACK_STEPS steps
         # later, when every rank has long posted it. Every check is still compared; only
         # the verdict comes later.
-        self.block = max(1, min(math.ceil(READ_EVERY_STEPS / probe.check_every), MAX_BLOCK,
-                                MAX_ROWS_PER_READ // self.world_size))
+        self.block = max(
+            1, min(math.ceil(READ_EVERY_STEPS / probe.check_every), MAX_BLOCK, MAX_ROWS_PER_READ // self.world_size)
+        )
         self.healer: Healer | None = None
         if probe.on_mismatch == "heal":  # verdicts sooner: the corrupted copy trains on until healed
             self.block = min(self.block, block_for(probe.check_every))
@@ -257,7 +287,8 @@ class CrossRankCheck:
             getattr(probe.model, "broadcast_buffers", False) and probe.module is not probe.model
         )
         self._must_columns = [1 + FIELDS.index(f) for f in MUST_MATCH] + (
-            [1 + FIELDS.index("buffer_fp")] if self.buffers_must_match else [])
+            [1 + FIELDS.index("buffer_fp")] if self.buffers_must_match else []
+        )
         self.layout = probe.layout
 
     def _key(self, block: int, rank: int) -> str:
@@ -271,10 +302,16 @@ class CrossRankCheck:
         self.count += 1
         # Not hash(): str hashes are salted per process.
         mode = zlib.crc32(str(record.get("train_mode")).encode())
-        values = [self.count, *(record.get(f) or 0 for f in FIELDS[:N_INT]), mode,
-                  _float_bits(record.get("loss")), _float_bits(record.get("grad_norm")),
-                  *self._class_section(record), self._data_key(),
-                  *tensor_groups(self.probe.last_tensor_fps)]
+        values = [
+            self.count,
+            *(record.get(f) or 0 for f in FIELDS[:N_INT]),
+            mode,
+            _float_bits(record.get("loss")),
+            _float_bits(record.get("grad_norm")),
+            *self._class_section(record),
+            self._data_key(),
+            *tensor_groups(self.probe.last_tensor_fps),
+        ]
         self.rows.append(values)
         try:
             if len(self.rows) == self.block:
@@ -297,7 +334,7 @@ class CrossRankCheck:
             for c, key in enumerate(layout.keys):
                 out += [key, *((classes.get(k) or [0] * MAX_CLASSES)[c] or 0 for k in ("param", "opt", "grad"))]
         if not self.probe.opt_state_replicated:  # ZeRO: each rank holds its own part of the state
-            out[2::len(CLASS_FIELDS)] = [0] * len(out[2::len(CLASS_FIELDS)])
+            out[2 :: len(CLASS_FIELDS)] = [0] * len(out[2 :: len(CLASS_FIELDS)])
         return out + [0] * (N_CLASS_COLUMNS - len(out))
 
     def _data_key(self) -> int:
@@ -318,8 +355,10 @@ class CrossRankCheck:
         """One store write for the block (sent without waiting for a reply): its number
         of rows, their length, the rows (int64)."""
         number = (self.count - 1) // self.block + 1
-        self.store.set(self._key(number, self.rank),
-                       np.array([len(self.rows), len(self.rows[0]), *itertools.chain(*self.rows)], np.int64).tobytes())
+        self.store.set(
+            self._key(number, self.rank),
+            np.array([len(self.rows), len(self.rows[0]), *itertools.chain(*self.rows)], np.int64).tobytes(),
+        )
         self.rows = []
         if self.everyone_reads or (number - 1) % self.world_size == self.rank:
             self.due.append((number, time.monotonic()))
@@ -384,8 +423,11 @@ class CrossRankCheck:
             if slot in self.ready_slots or self.store.check(keys):
                 self.ready_slots.add(slot)
                 blocks = [_rows(v) for v in self.store.multi_get(keys)]
-            missing = [r for r in range(self.world_size) if r >= len(blocks) or not len(blocks[r])
-                       or int(blocks[r][0, 0]) != first]  # a stale slot holds an older block
+            missing = [
+                r
+                for r in range(self.world_size)
+                if r >= len(blocks) or not len(blocks[r]) or int(blocks[r][0, 0]) != first
+            ]  # a stale slot holds an older block
             if missing:
                 now = time.monotonic()
                 if now - posted_at > self.timeout_s or (deadline is not None and now > deadline):
@@ -405,15 +447,20 @@ class CrossRankCheck:
             # The usual case, in one record: every check of the block agreed.
             steps = table[self.rank, :, 1 + FIELDS.index("step")]
             buffers = table[:, :, 1 + FIELDS.index("buffer_fp")]
-            self._write_ok(int(steps[0]), int(steps[-1]), checks,
-                           not self.buffers_must_match and bool((buffers != buffers[0]).any()))
+            self._write_ok(
+                int(steps[0]),
+                int(steps[-1]),
+                checks,
+                not self.buffers_must_match and bool((buffers != buffers[0]).any()),
+            )
 
     def _write_ok(self, first_step: int, step: int, checks: int, buffers_differ_unsynced: bool) -> None:
         detail: dict[str, Any] = {"first_step": first_step, "checks": checks}
         if buffers_differ_unsynced:
             detail["buffers_differ_unsynced"] = True
-        self.probe.writer.write(contract.KIND_CHECK, rank=self.rank, step=step, status="ok", what=[], ranks=[], tensor=None,
-                                detail=detail)
+        self.probe.writer.write(
+            contract.KIND_CHECK, rank=self.rank, step=step, status="ok", what=[], ranks=[], tensor=None, detail=detail
+        )
 
     def _block_is_clean(self, table: np.ndarray) -> bool:
         """Every must-match value equal on every rank, every replica group in agreement,
@@ -437,7 +484,7 @@ class CrossRankCheck:
         table = [[int(v) for v in row[1 : 1 + WIDTH]] for row in rows]
         step = table[self.rank][0]
         what, ranks, groups = compare_groups(table, self.buffers_must_match)
-        detail: dict[str, Any] = {f: [row[i] for row in table] for i, f in enumerate(FIELDS[:N_INT + 1])}
+        detail: dict[str, Any] = {f: [row[i] for row in table] for i, f in enumerate(FIELDS[: N_INT + 1])}
         detail["loss"] = [_bits_float(row[N_INT + 1]) for row in table]
         detail["grad_norm"] = [_bits_float(row[N_INT + 2]) for row in table]
         unsynced = len(set(detail["buffer_fp"])) > 1 and not self.buffers_must_match
@@ -448,16 +495,33 @@ class CrossRankCheck:
             detail["buffers_differ_unsynced"] = True
         layout = self.layout
         if layout is not None and layout.sharded and groups:
-            detail["groups"] = [{**g, "dims": list(layout.classes[g["class"]]) if g["class"] < len(layout.classes)
-                                 else []} for g in groups[:16]]
+            detail["groups"] = [
+                {**g, "dims": list(layout.classes[g["class"]]) if g["class"] < len(layout.classes) else []}
+                for g in groups[:16]
+            ]
         tensor = None
         if "param" in what:
             first = next((g for g in groups if "param" in g["what"]), None)
             tensor = self._first_tensor([row[1 + WIDTH :] for row in rows], first)
-        self.probe.writer.write(contract.KIND_CHECK, rank=self.rank, step=step, status="mismatch", what=what, ranks=ranks,
-                                tensor=tensor, detail=detail)
-        verdict = {"index": index, "step": step, "what": what, "ranks": ranks, "tensor": tensor,
-                   "detail": detail, "reader": self.rank}
+        self.probe.writer.write(
+            contract.KIND_CHECK,
+            rank=self.rank,
+            step=step,
+            status="mismatch",
+            what=what,
+            ranks=ranks,
+            tensor=tensor,
+            detail=detail,
+        )
+        verdict = {
+            "index": index,
+            "step": step,
+            "what": what,
+            "ranks": ranks,
+            "tensor": tensor,
+            "detail": detail,
+            "reader": self.rank,
+        }
         first_time = self._report(verdict)
         if first_time and not self.everyone_reads:
             number = self.store.add("verdicts", 1)
@@ -497,9 +561,16 @@ class CrossRankCheck:
             verdict = json.loads(self.store.get(f"verdict/{self.verdicts_seen}"))
             if verdict["reader"] == self.rank:
                 continue
-            self.probe.writer.write(contract.KIND_CHECK, rank=self.rank, step=verdict["step"], status="mismatch",
-                                    what=verdict["what"], ranks=verdict["ranks"], tensor=verdict["tensor"],
-                                    detail={**verdict["detail"], "reader": verdict["reader"]})
+            self.probe.writer.write(
+                contract.KIND_CHECK,
+                rank=self.rank,
+                step=verdict["step"],
+                status="mismatch",
+                what=verdict["what"],
+                ranks=verdict["ranks"],
+                tensor=verdict["tensor"],
+                detail={**verdict["detail"], "reader": verdict["reader"]},
+            )
             self._report(verdict)
 
     def _report(self, verdict: dict[str, Any]) -> bool:
@@ -525,37 +596,55 @@ class CrossRankCheck:
 
     def _incomplete(self, index: int, missing: list[int], waited_s: float) -> None:
         step = self.probe.step
-        self._stop(step, f"rank(s) {missing} did not post check {index} within {waited_s:.0f}s",
-                   {"missing": missing, "check": index, "waited_s": round(waited_s, 1), "timeout_s": self.timeout_s})
+        self._stop(
+            step,
+            f"rank(s) {missing} did not post check {index} within {waited_s:.0f}s",
+            {"missing": missing, "check": index, "waited_s": round(waited_s, 1), "timeout_s": self.timeout_s},
+        )
 
     def _give_up(self, step: int, exc: BaseException) -> None:
         self.store_failed = True
-        self._stop(step, f"the job's store did not answer ({type(exc).__name__})",
-                   {"error": f"{type(exc).__name__}: {str(exc)[:300]}", "timeout_s": self.timeout_s})
+        self._stop(
+            step,
+            f"the job's store did not answer ({type(exc).__name__})",
+            {"error": f"{type(exc).__name__}: {str(exc)[:300]}", "timeout_s": self.timeout_s},
+        )
 
     def _stop(self, step: int, why: str, detail: dict[str, Any]) -> None:
         if self.stopped:
             return
         self.stopped = True
         self.due.clear()
-        self.probe.writer.write(contract.KIND_CHECK, rank=self.rank, step=step, status="incomplete", what=[],
-                                ranks=detail.get("missing", []), tensor=None, detail=detail)
-        print(f"syncdoctor: rank {self.rank}: cross-rank check at step {step} could not complete: {why}; "
-              "checks stopped", file=sys.stderr, flush=True)
+        self.probe.writer.write(
+            contract.KIND_CHECK,
+            rank=self.rank,
+            step=step,
+            status="incomplete",
+            what=[],
+            ranks=detail.get("missing", []),
+            tensor=None,
+            detail=detail,
+        )
+        print(
+            f"syncdoctor: rank {self.rank}: cross-rank check at step {step} could not complete: {why}; checks stopped",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 _ORDER = ("param", "opt", "grad", "counter", "config", "mode", "buffer", "data")
 
 
-def mismatch_message(step: int, what: list[str], ranks: list[int], tensor: str | None,
-                     world_size: int) -> str:
+def mismatch_message(step: int, what: list[str], ranks: list[int], tensor: str | None, world_size: int) -> str:
     """`GRADIENT_SYNC: rank 0 and rank 1 parameter mismatch at step 1200 (first: layer3.1.conv2.weight)`,
     then what else differs and the ranks outside the majority, or that there is none."""
     ordered = sorted(what, key=lambda w: _ORDER.index(w) if w in _ORDER else len(_ORDER))
     if ordered == ["data"] and len(ranks) >= 2:
         # Not a mismatch: these ranks read the very same batch.
-        return (f"GRADIENT_SYNC: rank {ranks[0]} and rank {ranks[1]} consumed identical batches at step {step}; "
-                f"ranks with duplicate data: {ranks}")
+        return (
+            f"GRADIENT_SYNC: rank {ranks[0]} and rank {ranks[1]} consumed identical batches at step {step}; "
+            f"ranks with duplicate data: {ranks}"
+        )
     majority = [r for r in range(world_size) if r not in ranks]
     # A culprit only where a strict majority agrees; two ranks that disagree name both.
     named = len(ranks) * 2 < world_size and bool(ranks)
@@ -563,8 +652,11 @@ def mismatch_message(step: int, what: list[str], ranks: list[int], tensor: str |
         pair = f"rank {majority[0]} and rank {ranks[0]}"
     else:
         shown = ranks if ranks else list(range(world_size))
-        pair = (f"rank {shown[0]} and rank {shown[1]}" if len(shown) == 2
-                else "ranks " + ", ".join(map(str, shown[:8])) + (" …" if len(shown) > 8 else ""))
+        pair = (
+            f"rank {shown[0]} and rank {shown[1]}"
+            if len(shown) == 2
+            else "ranks " + ", ".join(map(str, shown[:8])) + (" …" if len(shown) > 8 else "")
+        )
     where = f" (first: {tensor})" if tensor and ordered[0] in ("param", "grad") else ""
     message = f"GRADIENT_SYNC: {pair} {LABEL[ordered[0]]} mismatch at step {step}{where}"
     if len(ordered) > 1:

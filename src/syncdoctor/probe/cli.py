@@ -73,25 +73,38 @@ def register(sub: argparse._SubParsersAction) -> None:
         "run",
         help="run a training command with the probe attached to every rank",
         description="Run CMD (torchrun, python -m torch.distributed.run, msrun, a script that "
-                    "spawns its ranks, ...) with the probe attached automatically in every rank "
-                    "process. Records go to DIR/records, each rank's output to DIR/logs. "
-                    "The exit code is the command's.",
+        "spawns its ranks, ...) with the probe attached automatically in every rank "
+        "process. Records go to DIR/records, each rank's output to DIR/logs. "
+        "The exit code is the command's.",
     )
     p.add_argument("--out", metavar="DIR", help="run folder (default: runs/run-YYYYmmdd-HHMMSS)")
-    p.add_argument("--check-every", type=int, metavar="K",
-                   help=f"cross-rank check every K optimizer steps (default: {DEFAULT_CHECK_EVERY}, torch "
-                        "and MindSpore alike; 1 = every step)")
-    p.add_argument("--on-mismatch", choices=("warn", "dump", "raise", "heal"), default=None,
-                   help="on a cross-rank mismatch: log it (warn, default), also write an evidence "
-                        "bundle (dump), raise SyncMismatchError into training on every rank, or "
-                        "restore a corrupted replica from the majority (heal; 3+ ranks, docs/hardware.md)")
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...",
-                   help="the launcher command and its arguments, after --")
+    p.add_argument(
+        "--check-every",
+        type=int,
+        metavar="K",
+        help=f"cross-rank check every K optimizer steps (default: {DEFAULT_CHECK_EVERY}, torch "
+        "and MindSpore alike; 1 = every step)",
+    )
+    p.add_argument(
+        "--on-mismatch",
+        choices=("warn", "dump", "raise", "heal"),
+        default=None,
+        help="on a cross-rank mismatch: log it (warn, default), also write an evidence "
+        "bundle (dump), raise SyncMismatchError into training on every rank, or "
+        "restore a corrupted replica from the majority (heal; 3+ ranks, docs/hardware.md)",
+    )
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- CMD ...",
+        help="the launcher command and its arguments, after --",
+    )
     p.set_defaults(func=_run)
 
 
-def prepare(out: Path, check_every: int | None, on_mismatch: str | None,
-            env: dict[str, str] | None = None) -> dict[str, str]:
+def prepare(
+    out: Path, check_every: int | None, on_mismatch: str | None, env: dict[str, str] | None = None
+) -> dict[str, str]:
     """Create the run folder and the environment that attaches the probe."""
     from syncdoctor.errors import InputError
 
@@ -145,12 +158,10 @@ def _children() -> list[int]:
     return [int(p) for p in text.split()]
 
 
-def run_command(command: list[str], out: Path, check_every: int | None = None,
-                on_mismatch: str | None = None) -> int:
+def run_command(command: list[str], out: Path, check_every: int | None = None, on_mismatch: str | None = None) -> int:
     out = out.resolve()
     env = prepare(out, check_every, on_mismatch)
-    meta: dict[str, Any] = {"command": command, "cwd": os.getcwd(), "start": time.time(),
-                            "python": sys.executable}
+    meta: dict[str, Any] = {"command": command, "cwd": os.getcwd(), "start": time.time(), "python": sys.executable}
     (out / "run.json").write_text(json.dumps(meta, indent=1))
     _become_subreaper()
     try:
@@ -186,21 +197,24 @@ def attach_report(out: Path) -> str:
     if records:
         line = f"records and logs in {out}; next: syncdoctor diagnose {out}"
         if len(records) == 1:
-            line += (" (one rank attached: nothing to compare it with; did the launcher start one"
-                     " process only?)")
+            line += " (one rank attached: nothing to compare it with; did the launcher start one process only?)"
         return line
     marked = [p.name.split(".")[0] for p in (out / boot.PROCS_DIR).glob("*.*")]
     frameworks = sorted(set(marked))
     if not marked:
-        why = ("no process of the command imported torch or MindSpore: is it a Python training "
-               "program, and do its processes inherit PYTHONPATH (a container or ssh to other hosts "
-               "does not)?")
+        why = (
+            "no process of the command imported torch or MindSpore: is it a Python training "
+            "program, and do its processes inherit PYTHONPATH (a container or ssh to other hosts "
+            "does not)?"
+        )
     else:
-        why = (f"{len(marked)} process(es) imported {' and '.join(frameworks)} but none became a rank: "
-               "none started a process group nor took an optimizer step with a launcher's RANK set. "
-               "A launcher that starts one process (e.g. `accelerate launch --cpu`, which ignores "
-               "--num_processes unless --multi_gpu is given) or a run that ended before its first "
-               "step looks like this.")
+        why = (
+            f"{len(marked)} process(es) imported {' and '.join(frameworks)} but none became a rank: "
+            "none started a process group nor took an optimizer step with a launcher's RANK set. "
+            "A launcher that starts one process (e.g. `accelerate launch --cpu`, which ignores "
+            "--num_processes unless --multi_gpu is given) or a run that ended before its first "
+            "step looks like this."
+        )
     return f"no rank attached, nothing was recorded in {out}: {why}"
 
 

@@ -169,28 +169,45 @@ class Probe:
         self._handles.append(optimizer.register_step_post_hook(self._after_step_hook))
         names = [n for n, _ in self._named_params]
         snapshot = build_snapshot(
-            rank=self.rank, world_size=self.world_size, model=self.model, optimizer=optimizer,
-            loss_fn=self.loss_fn, loader=self.loader, global_batch=self.global_batch,
-            tensor_names=names, init_param_fp=self._init_param_fp,
+            rank=self.rank,
+            world_size=self.world_size,
+            model=self.model,
+            optimizer=optimizer,
+            loss_fn=self.loss_fn,
+            loader=self.loader,
+            global_batch=self.global_batch,
+            tensor_names=names,
+            init_param_fp=self._init_param_fp,
         )
         snapshot["init_param_fp_before_update"] = self._init_before_update and self.opt_steps == 0
         self.opt_state_replicated = type(optimizer).__name__ != "ZeroRedundancyOptimizer"  # ZeRO shards it
         snapshot["optimizer"]["state_replicated"] = self.opt_state_replicated
         if self.layout is not None and self.layout.sharded:
-            snapshot["replica"] = {"classes": [list(c) for c in self.layout.classes], "keys": self.layout.keys,
-                                   "data_key": self.layout.data_key, "mesh": self.layout.mesh,
-                                   "init_fps": self._init_class_fps}
+            snapshot["replica"] = {
+                "classes": [list(c) for c in self.layout.classes],
+                "keys": self.layout.keys,
+                "data_key": self.layout.data_key,
+                "mesh": self.layout.mesh,
+                "init_fps": self._init_class_fps,
+            }
         if self.init_param_fp_local is not None:
             snapshot["init_param_fp_local"] = self.init_param_fp_local
         self._config_fp = config_fingerprint(snapshot)
-        self.writer.write(contract.KIND_SNAPSHOT, **snapshot, check_every=self.check_every, auto=self.auto,
-                          baseline=self.baseline)
+        self.writer.write(
+            contract.KIND_SNAPSHOT, **snapshot, check_every=self.check_every, auto=self.auto, baseline=self.baseline
+        )
         if self.distributed and self.world_size > 1:
             try:
                 self.checker = CrossRankCheck(self, timeout_s=self.check_timeout_s())
             except Exception as exc:  # no store to reach: records without the live check
-                self.writer.write(contract.KIND_EVENT, rank=self.rank, t=time.time(), step=0, event="check_unavailable",
-                                  message=f"live cross-rank check unavailable: {type(exc).__name__}: {exc}")
+                self.writer.write(
+                    contract.KIND_EVENT,
+                    rank=self.rank,
+                    t=time.time(),
+                    step=0,
+                    event="check_unavailable",
+                    message=f"live cross-rank check unavailable: {type(exc).__name__}: {exc}",
+                )
 
     def check_timeout_s(self) -> float:
         """How long a reader waits for a rank's check before reporting it as not
@@ -220,8 +237,7 @@ class Probe:
         measured iterations: a module with no hooks keeps torch's fast call path."""
         wanted = self._measuring
         if wanted and self._forward_handle is None:
-            self._forward_handle = self.module.register_forward_pre_hook(self._on_forward_start,
-                                                                         with_kwargs=True)
+            self._forward_handle = self.module.register_forward_pre_hook(self._on_forward_start, with_kwargs=True)
         elif not wanted and self._forward_handle is not None:
             self._forward_handle.remove()
             self._forward_handle = None
@@ -235,7 +251,8 @@ class Probe:
         so the user's own register_comm_hook is untouched."""
         for i, (_, p) in enumerate(self._named_params):
             self._local_norm_handles.append(
-                p.register_post_accumulate_grad_hook(functools.partial(self._on_local_grad, i)))
+                p.register_post_accumulate_grad_hook(functools.partial(self._on_local_grad, i))
+            )
 
     def _disarm_local_norms(self) -> None:
         for handle in self._local_norm_handles:
@@ -287,8 +304,9 @@ class Probe:
         try:
             if self.checker is not None:
                 self.checker.finish(min(CLOSE_WAIT_S, self.checker.timeout_s))
-            self.writer.write(contract.KIND_END, rank=self.rank, step=self.step, t=time.time(), status=status,
-                              message=message[:2000])
+            self.writer.write(
+                contract.KIND_END, rank=self.rank, step=self.step, t=time.time(), status=status, message=message[:2000]
+            )
         except Exception:
             pass
         for handle in [*self._handles, *self._local_norm_handles, self._forward_handle]:
@@ -322,8 +340,7 @@ class Probe:
         if not self.disabled:
             self._guard(self._measure_forward_start, module, args, kwargs)
 
-    def _measure_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...],
-                               kwargs: dict[str, Any]) -> None:
+    def _measure_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._measuring and self._buffer_fp is None:
             if self._detailed or self._buffers is None:  # listing them walks every module
                 self._buffers = [b for b in module.buffers() if b.is_floating_point()]
@@ -344,8 +361,9 @@ class Probe:
             every = self.activations_every or 0
             if every and (self.step + 1) % every == 0 and isinstance(output, torch.Tensor):
                 o = output.detach().float()
-                self._acts.append({"name": name, "mean": o.mean().item(),
-                                   "std": o.std().item() if o.numel() > 1 else 0.0})
+                self._acts.append(
+                    {"name": name, "mean": o.mean().item(), "std": o.std().item() if o.numel() > 1 else 0.0}
+                )
 
         return hook
 
@@ -387,16 +405,28 @@ class Probe:
     @property
     def last_losses(self) -> list[tuple[int, float | None]]:
         """The last LAST_LOSSES steps' losses, oldest first (the evidence bundle)."""
-        return [(s, self._recent_losses[s % LAST_LOSSES]) for s in range(max(1, self.step - LAST_LOSSES + 1),
-                                                                          self.step + 1)]
+        return [
+            (s, self._recent_losses[s % LAST_LOSSES]) for s in range(max(1, self.step - LAST_LOSSES + 1), self.step + 1)
+        ]
 
-    def _end_full_iteration(self, step: int, micro: int, now: float, loss: float | None, lr: float | None,
-                            overflow: bool) -> None:
-        data_fps, samples = (self._data_fps, self._samples) if self._data_fps else (self._input_fps, self._input_samples)
+    def _end_full_iteration(
+        self, step: int, micro: int, now: float, loss: float | None, lr: float | None, overflow: bool
+    ) -> None:
+        data_fps, samples = (
+            (self._data_fps, self._samples) if self._data_fps else (self._input_fps, self._input_samples)
+        )
         # Optional fields that have no value are left out (absent reads as null).
         record: dict[str, Any] = {
-            "v": SCHEMA_VERSION, "kind": contract.KIND_STEP, "rank": self.rank, "step": step, "micro": micro,
-            "backward": self.backward, "opt_steps": self.opt_steps, "t": now, "loss": loss, "lr": lr,
+            "v": SCHEMA_VERSION,
+            "kind": contract.KIND_STEP,
+            "rank": self.rank,
+            "step": step,
+            "micro": micro,
+            "backward": self.backward,
+            "opt_steps": self.opt_steps,
+            "t": now,
+            "loss": loss,
+            "lr": lr,
         }
         if data_fps:
             record["samples"] = samples
@@ -482,8 +512,11 @@ class Probe:
             by_param: list[list[int]] = [[] for _ in params]
             for index, fp in zip(owner, opt_fps, strict=True):
                 by_param[index].append(fp)
-            out["replica_fps"] = {"param": replica, "grad": self._per_class(grad_fps),
-                                  "opt": self._per_class([combine(f) for f in by_param])}
+            out["replica_fps"] = {
+                "param": replica,
+                "grad": self._per_class(grad_fps),
+                "opt": self._per_class([combine(f) for f in by_param]),
+            }
         if present:
             out["grad_fp16"] = fp16_exact(present)
             norms = torch._foreach_norm(present)
@@ -503,8 +536,10 @@ class Probe:
     def _group_hparams(self) -> list[dict[str, Any]]:
         if self.optimizer is None:
             return []
-        return [{k: v for k, v in g.items() if k != "params" and isinstance(v, (int, float, str, bool))}
-                for g in self.optimizer.param_groups]
+        return [
+            {k: v for k, v in g.items() if k != "params" and isinstance(v, (int, float, str, bool))}
+            for g in self.optimizer.param_groups
+        ]
 
     def _optimizer_state(self) -> tuple[list[torch.Tensor], list[int]]:
         """The optimizer's state tensors in parameter order, and the index of the
@@ -542,10 +577,15 @@ class Probe:
     def _disable(self, exc: Exception) -> None:
         self.disabled = True
         try:
-            self.writer.write(contract.KIND_EVENT, rank=self.rank, t=time.time(), step=self.step,
-                              event="exception", message=f"probe disabled: {type(exc).__name__}: {exc}")
-            print(f"syncdoctor: probe disabled on rank {self.rank}: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)
+            self.writer.write(
+                contract.KIND_EVENT,
+                rank=self.rank,
+                t=time.time(),
+                step=self.step,
+                event="exception",
+                message=f"probe disabled: {type(exc).__name__}: {exc}",
+            )
+            print(f"syncdoctor: probe disabled on rank {self.rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
         except Exception:
             pass
 
@@ -554,8 +594,7 @@ def _model_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor 
     """The tensor that identifies a forward's batch: the first positional tensor (also
     inside a (x, y) batch tuple, as Lightning passes it), else a keyword input
     (`input_ids`, as the Hugging Face Trainer calls the model)."""
-    for value in (*args[:1], kwargs.get("input_ids"), kwargs.get("pixel_values"), kwargs.get("input"),
-                  kwargs.get("x")):
+    for value in (*args[:1], kwargs.get("input_ids"), kwargs.get("pixel_values"), kwargs.get("input"), kwargs.get("x")):
         if isinstance(value, (tuple, list)) and value:
             value = value[0]
         if isinstance(value, torch.Tensor):
@@ -565,8 +604,9 @@ def _model_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor 
 
 def fp16_exact(grads: list[torch.Tensor]) -> bool | None:
     """Whether the gradients hold float16 values (probe/precision.py)."""
-    return precision.fp16_exact(grads, lambda g: str(g.dtype).removeprefix("torch."),
-                                lambda g, n: g.detach().reshape(-1)[:n].cpu().numpy())
+    return precision.fp16_exact(
+        grads, lambda g: str(g.dtype).removeprefix("torch."), lambda g, n: g.detach().reshape(-1)[:n].cpu().numpy()
+    )
 
 
 class NullProbe:
@@ -599,8 +639,9 @@ def unwrap_optimizer(optimizer: Any) -> Any:
     return optimizer
 
 
-def attach(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-           enabled: bool = True, **kwargs: Any) -> Probe | NullProbe:
+def attach(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, enabled: bool = True, **kwargs: Any
+) -> Probe | NullProbe:
     """Attach the probe in one line; see Probe for the options. Under `syncdoctor run`
     the model is usually watched already: that probe is returned (and bound to
     `optimizer`), so a script may call attach and still run zero-code."""

@@ -24,9 +24,21 @@ if TYPE_CHECKING:
 LOG_TAIL_LINES = 50
 # Fields that differ between ranks by design, not by mistake.
 _PER_RANK = {"rank", "local_rank", "pid", "t", "host", "rng", "init_param_fp_local"}
-_PER_RANK_ENV = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "RANK_ID", "DEVICE_ID",
-                 "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "HOSTNAME",
-                 "TORCHELASTIC_ERROR_FILE", "CUDA_VISIBLE_DEVICES", "MS_NODE_ID")
+_PER_RANK_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "RANK_ID",
+    "DEVICE_ID",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "PMI_RANK",
+    "HOSTNAME",
+    "TORCHELASTIC_ERROR_FILE",
+    "CUDA_VISIBLE_DEVICES",
+    "MS_NODE_ID",
+)
 
 
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
@@ -57,8 +69,7 @@ def snapshot_differences(snapshots: dict[int, dict[str, Any]], limit: int = 100)
     for rank, snap in snapshots.items():
         fields: dict[str, Any] = {}
         _flatten({k: v for k, v in snap.items() if k not in _PER_RANK}, "", fields)
-        flat[rank] = {k: v for k, v in fields.items()
-                      if not (k.startswith("env.") and k[4:] in _PER_RANK_ENV)}
+        flat[rank] = {k: v for k, v in fields.items() if not (k.startswith("env.") and k[4:] in _PER_RANK_ENV)}
     keys = sorted(set().union(*flat.values())) if flat else []
     diffs: dict[str, dict[int, Any]] = {}
     for key in keys:
@@ -88,16 +99,39 @@ def dump_evidence(probe: Probe, follow: dict[str, Any], tensor: str | None) -> P
     detail = follow.get("detail") or {}
     log_path = probe.log_path or probe.run_dir / "logs" / f"rank{probe.rank}.log"
     bundle = {
-        "step": follow["step"], "what": follow["what"], "ranks": follow["ranks"], "tensor": tensor,
-        "message": follow.get("message"), "rank": probe.rank, "world_size": probe.world_size,
+        "step": follow["step"],
+        "what": follow["what"],
+        "ranks": follow["ranks"],
+        "tensor": tensor,
+        "message": follow.get("message"),
+        "rank": probe.rank,
+        "world_size": probe.world_size,
         "t": time.time(),
-        "per_rank": {name: detail.get(name) for name in
-                     ("grad_norm", "loss", "step", "backward", "opt_steps", "micro", "param_fp",
-                      "opt_fp", "grad_fp", "buffer_fp", "config_fp", "data_fp", "mode") if name in detail},
+        "per_rank": {
+            name: detail.get(name)
+            for name in (
+                "grad_norm",
+                "loss",
+                "step",
+                "backward",
+                "opt_steps",
+                "micro",
+                "param_fp",
+                "opt_fp",
+                "grad_fp",
+                "buffer_fp",
+                "config_fp",
+                "data_fp",
+                "mode",
+            )
+            if name in detail
+        },
         "counters": {"step": probe.step, "backward": probe.backward, "opt_steps": probe.opt_steps},
-        "last_losses": list(probe.last_losses), "last_grad_norm": probe.last_grad_norm,
+        "last_losses": list(probe.last_losses),
+        "last_grad_norm": probe.last_grad_norm,
         "snapshot_differences": snapshot_differences(read_snapshots(probe.run_dir)),
-        "log": str(log_path) if log_path.is_file() else None, "log_tail": log_tail(log_path),
+        "log": str(log_path) if log_path.is_file() else None,
+        "log_tail": log_tail(log_path),
     }
     path = folder / f"step{follow['step']}.rank{probe.rank}.json"
     path.write_text(json.dumps(bundle, indent=1, default=str))

@@ -91,8 +91,9 @@ class ViewCache:
         return view
 
 
-def fingerprints(tensors: Iterable[torch.Tensor | None], device_path: bool = False,
-                 cache: ViewCache | None = None, kind: str = "") -> list[int]:
+def fingerprints(
+    tensors: Iterable[torch.Tensor | None], device_path: bool = False, cache: ViewCache | None = None, kind: str = ""
+) -> list[int]:
     """Per-tensor fingerprints (0 for None). Accelerator tensors are reduced on their
     device and read back together: one host sync, not one per tensor. `device_path`
     sends CPU tensors that way too (tests, on machines without an accelerator)."""

@@ -132,11 +132,15 @@ class Healer:
                 agreed_before = self._previous_check_agreed(first)
             step = table[self.checker.rank][FIELDS.index("step")]
             if first + n == 1:
-                self._refuse("the replicas differ from the first check: initialisation or set-up, "
-                             "not corruption", step, what)
+                self._refuse(
+                    "the replicas differ from the first check: initialisation or set-up, not corruption", step, what
+                )
             elif agreed_before and self.healed_through and step <= self.healed_through + self.probe.check_every:
-                self._refuse("the replicas part again right after a heal: a persistent fault, not a "
-                             "transient corruption", step, what)
+                self._refuse(
+                    "the replicas part again right after a heal: a persistent fault, not a transient corruption",
+                    step,
+                    what,
+                )
             elif agreed_before and step > self.healed_through:
                 self._consider(first + n, step, table, what)
             agreed_before = False
@@ -171,12 +175,17 @@ class Healer:
             return
         layout = self.checker.layout
         if (layout is not None and layout.sharded) or not self.probe.opt_state_replicated:
-            self._refuse("the ranks hold parts of the model (sharded), not copies of it: nothing to restore "
-                         "from", step, what)
+            self._refuse(
+                "the ranks hold parts of the model (sharded), not copies of it: nothing to restore from", step, what
+            )
             return
         if self.world_size < 3:
-            self._refuse("two replicas: nothing says which one is corrupted (a third replica or a "
-                         "recomputation of the step would)", step, what)
+            self._refuse(
+                "two replicas: nothing says which one is corrupted (a third replica or a "
+                "recomputation of the step would)",
+                step,
+                what,
+            )
             return
         columns = [FIELDS.index(f) for f in STATE_FIELDS]
         split = agreement({r: tuple(row[c] for c in columns) for r, row in enumerate(table)})
@@ -185,8 +194,14 @@ class Healer:
             return
         if self.plan is not None:
             return  # a heal is under way
-        plan = {"source": split.majority[0], "odd": split.odd, "check": index, "check_step": step, "what": what,
-                "reader": self.checker.rank}
+        plan = {
+            "source": split.majority[0],
+            "odd": split.odd,
+            "check": index,
+            "check_step": step,
+            "what": what,
+            "reader": self.checker.rank,
+        }
         if self.deciding:  # read at the check that posted it: every rank is waiting for the decision
             self.candidate = self.candidate or plan
         else:
@@ -207,11 +222,20 @@ class Healer:
         if reason in self.refusals:
             return
         self.refusals.add(reason)
-        print(f"syncdoctor: rank {self.checker.rank}: mismatch at step {step} not healed: {reason}",
-              file=sys.stderr, flush=True)
-        self.probe.writer.write("event", rank=self.checker.rank, t=time.time(), step=self.probe.step,
-                                event="heal", message=f"not healed: {reason}",
-                                heal={"status": "refused", "check_step": step, "what": what, "reason": reason})
+        print(
+            f"syncdoctor: rank {self.checker.rank}: mismatch at step {step} not healed: {reason}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.probe.writer.write(
+            "event",
+            rank=self.checker.rank,
+            t=time.time(),
+            step=self.probe.step,
+            event="heal",
+            message=f"not healed: {reason}",
+            heal={"status": "refused", "check_step": step, "what": what, "reason": reason},
+        )
 
     # ------------------------------------------------------------------ every rank, at a block's post
     def after_post(self) -> None:
@@ -227,8 +251,12 @@ class Healer:
         at the next check as under "warn", and a plan is published for the check after)."""
         checker = self.checker
         layout = checker.layout
-        if checker.stopped or self.world_size < 3 or (layout is not None and layout.sharded) \
-                or not self.probe.opt_state_replicated:
+        if (
+            checker.stopped
+            or self.world_size < 3
+            or (layout is not None and layout.sharded)
+            or not self.probe.opt_state_replicated
+        ):
             return  # nothing could be healed: the checks are read as under "warn" (and refusals recorded)
         number = (checker.count - 1) // checker.block + 1
         key = f"heal/b{number}"
@@ -308,30 +336,49 @@ class Healer:
         rank = self.checker.rank
         info = {k: plan[k] for k in ("id", "source", "odd", "check_step", "what")}
         if decision != "go":
-            why = ("the copies no longer split as planned (all equal again, or another split)" if decision == "stale"
-                   else f"not every rank reached step {step} in time")
+            why = (
+                "the copies no longer split as planned (all equal again, or another split)"
+                if decision == "stale"
+                else f"not every rank reached step {step} in time"
+            )
             message = f"heal of rank(s) {plan['odd']} aborted: {why}"
             print(f"syncdoctor: rank {rank}: {message}", file=sys.stderr, flush=True)
-            self.probe.writer.write("event", rank=rank, t=time.time(), step=step, event="heal", message=message,
-                                    heal={**info, "status": "aborted", "reason": why})
+            self.probe.writer.write(
+                "event",
+                rank=rank,
+                t=time.time(),
+                step=step,
+                event="heal",
+                message=message,
+                heal={**info, "status": "aborted", "reason": why},
+            )
             return False
         t0 = time.perf_counter()
         sent = restore_from(plan["source"], self.probe.module, self.probe.optimizer, self.probe._named_params)
         seconds = time.perf_counter() - t0
         host = self.host
-        message = (f"healed rank(s) {plan['odd']} from rank {plan['source']} at step {step} "
-                   f"(copies parted at the check of step {plan['check_step']}: {', '.join(plan['what'])}); "
-                   f"{sent} bytes in {seconds * 1e3:.1f} ms")
+        message = (
+            f"healed rank(s) {plan['odd']} from rank {plan['source']} at step {step} "
+            f"(copies parted at the check of step {plan['check_step']}: {', '.join(plan['what'])}); "
+            f"{sent} bytes in {seconds * 1e3:.1f} ms"
+        )
         if rank in plan["odd"] or rank == 0:
             print(f"syncdoctor: rank {rank} ({host}): {message}", file=sys.stderr, flush=True)
-        self.probe.writer.write("event", rank=rank, t=time.time(), step=step, event="heal", message=message,
-                                heal={**info, "status": "healed", "bytes": sent, "seconds": round(seconds, 6),
-                                      "host": host})
+        self.probe.writer.write(
+            "event",
+            rank=rank,
+            t=time.time(),
+            step=step,
+            event="heal",
+            message=message,
+            heal={**info, "status": "healed", "bytes": sent, "seconds": round(seconds, 6), "host": host},
+        )
         return True
 
 
-def state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                  named_params: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
+def state_tensors(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer | None, named_params: list[tuple[str, torch.Tensor]]
+) -> list[torch.Tensor]:
     """Everything a replica holds, in an order every rank agrees on: parameters,
     buffers, then the optimizer state of each parameter (keys sorted)."""
     tensors = [p.detach() for p in module.parameters()]
@@ -344,8 +391,13 @@ def state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer | No
 
 
 @torch.no_grad()
-def restore_from(source: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                 named_params: list[tuple[str, torch.Tensor]], group: Any = None) -> int:
+def restore_from(
+    source: int,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    named_params: list[tuple[str, torch.Tensor]],
+    group: Any = None,
+) -> int:
     """Broadcast every tensor of the replica from rank `source` (every rank calls
     this at the same point); returns the bytes broadcast."""
     return broadcast_tensors(state_tensors(module, optimizer, named_params), source, group)

@@ -33,8 +33,20 @@ MAX_CLASSES = 4  # placement classes a check row carries (more are folded into t
 # Mesh dimension names that shard the data (each coordinate reads its own batches);
 # any other name (tp, cp, pp, ep, sp, ...) splits the model, not the data. An unnamed
 # mesh is taken as all data parallel.
-DATA_PARALLEL_NAMES = ("dp", "data", "replicate", "shard", "dp_replicate", "dp_shard", "dp_shard_cp",
-                       "fsdp", "hsdp", "ddp", "zero", "dp_cp")
+DATA_PARALLEL_NAMES = (
+    "dp",
+    "data",
+    "replicate",
+    "shard",
+    "dp_replicate",
+    "dp_shard",
+    "dp_shard_cp",
+    "fsdp",
+    "hsdp",
+    "ddp",
+    "zero",
+    "dp_cp",
+)
 
 
 def is_dtensor(t: Any) -> bool:
@@ -115,9 +127,13 @@ def layout_of(params: list[Any], rank: int) -> ReplicaLayout:
         layout.of_tensor.append(index[placement.dims])
     if root is not None:
         layout.mesh = describe_mesh(root, rank)
-        layout.data_key = _key_int(tuple(
-            (n, c) for n, c in zip(layout.mesh["dim_names"], layout.mesh["coordinate"] or [], strict=False)
-            if is_data_parallel(n, layout.mesh["dim_names"])))
+        layout.data_key = _key_int(
+            tuple(
+                (n, c)
+                for n, c in zip(layout.mesh["dim_names"], layout.mesh["coordinate"] or [], strict=False)
+                if is_data_parallel(n, layout.mesh["dim_names"])
+            )
+        )
     return layout
 
 
@@ -141,9 +157,12 @@ def _root_mesh(mesh: Any) -> Any:
 def describe_mesh(mesh: Any, rank: int) -> dict[str, Any]:
     names = list(mesh.mesh_dim_names or [f"dim{i}" for i in range(mesh.ndim)])
     coordinate = mesh.get_coordinate()
-    return {"shape": list(mesh.mesh.shape), "dim_names": names,
-            "coordinate": list(coordinate) if coordinate is not None else None,
-            "ranks": mesh.mesh.reshape(-1).tolist()[:4096]}
+    return {
+        "shape": list(mesh.mesh.shape),
+        "dim_names": names,
+        "coordinate": list(coordinate) if coordinate is not None else None,
+        "ranks": mesh.mesh.reshape(-1).tolist()[:4096],
+    }
 
 
 def coordinate_of(rank: int, mesh: dict[str, Any]) -> dict[str, int]:

@@ -37,8 +37,7 @@ from syncdoctor.records.constants import MAX_IDS
 from syncdoctor.records.writer import RecordWriter
 from syncdoctor.settings import DEFAULT_RUN_DIR, RUN_DIR_ENV, SyncMismatchError
 
-__all__ = ["MindSporeProbe", "SyncDoctorCallback", "SyncMismatchError", "install_autoattach",
-           "install_lazy_autoattach"]
+__all__ = ["MindSporeProbe", "SyncDoctorCallback", "SyncMismatchError", "install_autoattach", "install_lazy_autoattach"]
 _DEFAULT_DATASET_SEED = 5489  # mindspore.dataset's seed when nobody set one (measured, 2.10)
 
 
@@ -166,12 +165,26 @@ def _loss_scale_info(scaler: Any) -> dict[str, Any] | None:
 class MindSporeProbe:
     """Records one rank of a MindSpore data-parallel run; see the module docstring."""
 
-    def __init__(self, network: Any, optimizer: Any = None, run_dir: str | os.PathLike[str] | None = None,
-                 *, loss_fn: Any = None, dataset: Any = None, grad_reducer: Any = None,
-                 loss_scaler: Any = None, global_batch: int | None = None, check_every: int | None = None,
-                 on_mismatch: str = "warn", extra: dict[str, Any] | None = None, enabled: bool = True,
-                 params: list[Any] | None = None, mode_cells: list[Any] | None = None,
-                 init_param_fp: int | None = None, auto: bool = False) -> None:
+    def __init__(
+        self,
+        network: Any,
+        optimizer: Any = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        *,
+        loss_fn: Any = None,
+        dataset: Any = None,
+        grad_reducer: Any = None,
+        loss_scaler: Any = None,
+        global_batch: int | None = None,
+        check_every: int | None = None,
+        on_mismatch: str = "warn",
+        extra: dict[str, Any] | None = None,
+        enabled: bool = True,
+        params: list[Any] | None = None,
+        mode_cells: list[Any] | None = None,
+        init_param_fp: int | None = None,
+        auto: bool = False,
+    ) -> None:
         """network: the model (its trainable parameters are fingerprinted, its cells'
         train/eval modes recorded); zero-code mode passes `params` (what the optimizer
         updates), `mode_cells` and the `init_param_fp` taken when the optimizer was built."""
@@ -218,11 +231,24 @@ class MindSporeProbe:
     # -- records -------------------------------------------------------------------
     def _event(self, event: str, message: str) -> None:
         if self.writer is not None:
-            self.writer.write(contract.KIND_EVENT, rank=getattr(self, "rank", 0), t=time.time(), step=self.step,
-                              event=event, message=message[:2000])
+            self.writer.write(
+                contract.KIND_EVENT,
+                rank=getattr(self, "rank", 0),
+                t=time.time(),
+                step=self.step,
+                event=event,
+                message=message[:2000],
+            )
 
-    def _snapshot(self, dataset: Any, grad_reducer: Any, loss_scaler: Any, global_batch: int | None,
-                  extra: dict[str, Any], init_param_fp: int | None = None) -> None:
+    def _snapshot(
+        self,
+        dataset: Any,
+        grad_reducer: Any,
+        loss_scaler: Any,
+        global_batch: int | None,
+        extra: dict[str, Any],
+        init_param_fp: int | None = None,
+    ) -> None:
         ms = _ms()
         import mindspore.dataset as ds
 
@@ -248,20 +274,32 @@ class MindSporeProbe:
         loader = dataset_info(dataset)
         loader.update(extra.pop("loader", {}))
         snapshot = build_common_snapshot(
-            framework="mindspore", rank=self.rank, world_size=self.world_size,
+            framework="mindspore",
+            rank=self.rank,
+            world_size=self.world_size,
             versions={"python": platform.python_version(), "mindspore": ms.__version__, "numpy": np.__version__},
             rng={},
             # None for ms_seed means nobody called ms.set_seed; a dataset seed of 5489 is the
             # library default (ds.config.set_seed never called) and also seeds nothing else.
-            seed={"ms_seed": ms_seed, "dataset_seed": ds_seed,
-                  "dataset_seed_is_default": ds_seed == _DEFAULT_DATASET_SEED},
-            loss_fn=self.loss_fn, loss_params=_cell_hparams(self.loss_fn),
-            optimizer={"type": type(opt).__name__ if opt is not None else None, "param_groups": groups,
-                       "n_params": len(self._params)},
-            ddp=ddp, loader=loader, global_batch=global_batch, tensor_names=[p.name for p in self._params],
-            init_param_fp=init_param_fp if init_param_fp is not None else combine(self._tensor_fps(self._params)))
-        snapshot.update(opt_tensors=[p.name for p in self._opt_state], check_every=self.check_every,
-                        auto=self.auto)
+            seed={
+                "ms_seed": ms_seed,
+                "dataset_seed": ds_seed,
+                "dataset_seed_is_default": ds_seed == _DEFAULT_DATASET_SEED,
+            },
+            loss_fn=self.loss_fn,
+            loss_params=_cell_hparams(self.loss_fn),
+            optimizer={
+                "type": type(opt).__name__ if opt is not None else None,
+                "param_groups": groups,
+                "n_params": len(self._params),
+            },
+            ddp=ddp,
+            loader=loader,
+            global_batch=global_batch,
+            tensor_names=[p.name for p in self._params],
+            init_param_fp=init_param_fp if init_param_fp is not None else combine(self._tensor_fps(self._params)),
+        )
+        snapshot.update(opt_tensors=[p.name for p in self._opt_state], check_every=self.check_every, auto=self.auto)
         if ddp.get("mode") == "GRAPH" and ddp.get("parameter_broadcast"):
             # GRAPH mode broadcasts rank 0's parameters at the first compile: what was
             # built before is this rank's own (as torch's before DDP's broadcast).
@@ -284,10 +322,20 @@ class MindSporeProbe:
         return step == 1 or bool(self.check_every and step % self.check_every == 0)
 
     # -- the per-step entry point -------------------------------------------------------
-    def after_step(self, loss: Any = None, grads: Any = None, *, grads_local: Any = None,
-                   batch_ids: Any = None, micro: int = 1, samples: int | None = None,
-                   overflow: bool | None = None, loss_scale: float | None = None,
-                   opt_steps: int | None = None, data_fp: int | None = None) -> None:
+    def after_step(
+        self,
+        loss: Any = None,
+        grads: Any = None,
+        *,
+        grads_local: Any = None,
+        batch_ids: Any = None,
+        micro: int = 1,
+        samples: int | None = None,
+        overflow: bool | None = None,
+        loss_scale: float | None = None,
+        opt_steps: int | None = None,
+        data_fp: int | None = None,
+    ) -> None:
         """Call once after each optimizer update (skipped updates too, with overflow=True).
         grads: the gradients the optimizer used (post-reduce); grads_local: this rank's own.
         opt_steps: updates applied so far (the optimizer's global_step), when known."""
@@ -301,22 +349,44 @@ class MindSporeProbe:
         except Exception as exc:  # never let the probe stop training
             self._event("exception", f"probe step failed: {exc!r}")
 
-    def _after_step(self, loss: Any, grads: Any, grads_local: Any, batch_ids: Any, micro: int,
-                    samples: int | None, overflow: bool | None, loss_scale: float | None,
-                    data_fp: int | None) -> None:
+    def _after_step(
+        self,
+        loss: Any,
+        grads: Any,
+        grads_local: Any,
+        batch_ids: Any,
+        micro: int,
+        samples: int | None,
+        overflow: bool | None,
+        loss_scale: float | None,
+        data_fp: int | None,
+    ) -> None:
         ids = None
         if batch_ids is not None:
-            ids = np.concatenate([np.asarray(_asnumpy(b)).reshape(-1) for b in batch_ids]) \
-                if isinstance(batch_ids, (list, tuple)) else np.asarray(_asnumpy(batch_ids)).reshape(-1)
+            ids = (
+                np.concatenate([np.asarray(_asnumpy(b)).reshape(-1) for b in batch_ids])
+                if isinstance(batch_ids, (list, tuple))
+                else np.asarray(_asnumpy(batch_ids)).reshape(-1)
+            )
             data_fp = ids_fingerprint(ids.astype(np.int64))
             samples = samples if samples is not None else int(ids.size)
         lr = None
         if self.optimizer is not None and hasattr(self.optimizer, "get_lr"):
             lr = _float(self.optimizer.get_lr())
         record: dict[str, Any] = dict(
-            rank=self.rank, step=self.step, micro=micro, backward=self.backward, opt_steps=self.opt_steps,
-            t=time.time(), loss=_float(loss), lr=lr, data_fp=data_fp, samples=samples,
-            loss_scale=loss_scale, overflow=overflow)
+            rank=self.rank,
+            step=self.step,
+            micro=micro,
+            backward=self.backward,
+            opt_steps=self.opt_steps,
+            t=time.time(),
+            loss=_float(loss),
+            lr=lr,
+            data_fp=data_fp,
+            samples=samples,
+            loss_scale=loss_scale,
+            overflow=overflow,
+        )
         if ids is not None and ids.size <= MAX_IDS:  # for overlap and coverage, as the torch probe
             record["ids"] = [int(i) for i in ids]
         measured = self.is_check_step(self.step)
@@ -340,10 +410,17 @@ class MindSporeProbe:
         if check:
             record["tensor_fps"] = tensor_fps
         assert self.writer is not None
-        self.writer.write(contract.KIND_STEP, **{k: v for k, v in record.items() if v is not None or k in ("loss", "lr")})
+        self.writer.write(
+            contract.KIND_STEP, **{k: v for k, v in record.items() if v is not None or k in ("loss", "lr")}
+        )
         if check and not self.checks_disabled:
-            self._check(record["param_fp"], record["opt_fp"], tensor_fps, record["train_mode"],
-                        combine(self._tensor_fps(self._opt_hparams)))
+            self._check(
+                record["param_fp"],
+                record["opt_fp"],
+                tensor_fps,
+                record["train_mode"],
+                combine(self._tensor_fps(self._opt_hparams)),
+            )
 
     # -- the live cross-rank check ------------------------------------------------------------
     def _allgather(self, values: list[int]) -> np.ndarray:
@@ -364,8 +441,16 @@ class MindSporeProbe:
             rows = self._allgather([self.step, self.backward, param_fp, opt_fp, mode_fp, config_fp])
         except Exception as exc:
             self.checks_disabled = repr(exc)
-            self.writer.write(contract.KIND_CHECK, rank=self.rank, step=self.step, status="incomplete", what=[], ranks=[],  # type: ignore[union-attr]
-                              tensor=None, detail={"error": repr(exc)[:500]})
+            self.writer.write(
+                contract.KIND_CHECK,
+                rank=self.rank,
+                step=self.step,
+                status="incomplete",
+                what=[],
+                ranks=[],  # type: ignore[union-attr]
+                tensor=None,
+                detail={"error": repr(exc)[:500]},
+            )
             return
         what, outside = [], set()
         for col, name in ((2, "param"), (3, "opt"), (0, "counter"), (1, "counter"), (4, "mode"), (5, "config")):
@@ -386,13 +471,27 @@ class MindSporeProbe:
             except Exception as exc:
                 self._event("exception", f"probe tensor gather failed: {exc!r}")
         status = "mismatch" if what else "ok"
-        detail = {"step": rows[:, 0].tolist(), "backward": rows[:, 1].tolist(),
-                  "param_fp": rows[:, 2].tolist(), "opt_fp": rows[:, 3].tolist()}
-        self.writer.write(contract.KIND_CHECK, rank=self.rank, step=self.step, status=status, what=what,  # type: ignore[union-attr]
-                          ranks=sorted(outside), tensor=tensor, detail=detail)
+        detail = {
+            "step": rows[:, 0].tolist(),
+            "backward": rows[:, 1].tolist(),
+            "param_fp": rows[:, 2].tolist(),
+            "opt_fp": rows[:, 3].tolist(),
+        }
+        self.writer.write(
+            contract.KIND_CHECK,
+            rank=self.rank,
+            step=self.step,
+            status=status,
+            what=what,  # type: ignore[union-attr]
+            ranks=sorted(outside),
+            tensor=tensor,
+            detail=detail,
+        )
         if what:
-            message = (f"syncdoctor: replicas differ at step {self.step}: {', '.join(what)} "
-                       f"(ranks {sorted(outside)} outside the majority; first tensor {tensor})")
+            message = (
+                f"syncdoctor: replicas differ at step {self.step}: {', '.join(what)} "
+                f"(ranks {sorted(outside)} outside the majority; first tensor {tensor})"
+            )
             self._event("mismatch", message)
             if self.on_mismatch in ("warn", "heal") and self.rank == 0:  # no heal on MindSpore: it warns
                 print(f"[WARNING] {message}", file=sys.stderr, flush=True)
@@ -409,7 +508,9 @@ class MindSporeProbe:
         if self.writer is None:
             return
         try:
-            self.writer.write(contract.KIND_END, rank=self.rank, step=self.step, t=time.time(), status=status, message=message)
+            self.writer.write(
+                contract.KIND_END, rank=self.rank, step=self.step, t=time.time(), status=status, message=message
+            )
         finally:
             self.writer.close()
             self.writer = None
@@ -452,8 +553,9 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
     Gradients are not reachable from a callback, so grad_norm stays null; parameters,
     optimizer state, the loss, the loss scale and overflow are recorded."""
 
-    def __init__(self, run_dir: str | os.PathLike[str] | None = None, check_every: int | None = None,
-                 on_mismatch: str = "warn") -> None:
+    def __init__(
+        self, run_dir: str | os.PathLike[str] | None = None, check_every: int | None = None, on_mismatch: str = "warn"
+    ) -> None:
         super().__init__()
         self.run_dir, self.check_every, self.on_mismatch = run_dir, check_every, on_mismatch
         self.probe: MindSporeProbe | None = None
@@ -480,15 +582,27 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
             init_fp = next((fp for ref, fp in mindspore_auto.W.optimizers if ref() is optimizer), None)
             mode = "GRAPH" if _ms().get_context("mode") == _ms().GRAPH_MODE else "PyNative"
             style = f"Model.train ({mode}, dataset_sink_mode={_cb_get(cb, 'dataset_sink_mode')})"
-            self.probe = MindSporeProbe(network, optimizer, self.run_dir,
-                                        loss_fn=loss_fn, dataset=dataset, loss_scaler=scaler,
-                                        global_batch=batch, check_every=self.check_every,
-                                        on_mismatch=self.on_mismatch, init_param_fp=init_fp,
-                                        auto=mindspore_auto.W.installed,
-                                        extra={"ddp": {"wrapper": "Model.train"}, "style": style})
+            self.probe = MindSporeProbe(
+                network,
+                optimizer,
+                self.run_dir,
+                loss_fn=loss_fn,
+                dataset=dataset,
+                loss_scaler=scaler,
+                global_batch=batch,
+                check_every=self.check_every,
+                on_mismatch=self.on_mismatch,
+                init_param_fp=init_fp,
+                auto=mindspore_auto.W.installed,
+                extra={"ddp": {"wrapper": "Model.train"}, "style": style},
+            )
             if mindspore_auto.W.installed:
-                print(f"syncdoctor: probe attached on rank {self.probe.rank} to {style}; records in "
-                      f"{self.run_dir}/records", file=sys.stderr, flush=True)
+                print(
+                    f"syncdoctor: probe attached on rank {self.probe.rank} to {style}; records in "
+                    f"{self.run_dir}/records",
+                    file=sys.stderr,
+                    flush=True,
+                )
         except Exception as exc:  # a broken probe must not stop the run
             print(f"[WARNING] syncdoctor probe disabled: {exc!r}", file=sys.stderr)
 
@@ -505,16 +619,21 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
 
             optimizer = _cb_get(cb, "optimizer")
             micro, samples, data_fp = take_batches()  # what the dataset iterator handed out (non-sink mode)
-            self.probe.after_step(loss=out, overflow=overflow, loss_scale=scale, micro=micro, samples=samples,
-                                  data_fp=data_fp,
-                                  opt_steps=_global_step(optimizer) if optimizer is not None else None)
+            self.probe.after_step(
+                loss=out,
+                overflow=overflow,
+                loss_scale=scale,
+                micro=micro,
+                samples=samples,
+                data_fp=data_fp,
+                opt_steps=_global_step(optimizer) if optimizer is not None else None,
+            )
         except Exception as exc:
             self.probe.event("exception", f"callback step failed: {exc!r}")
 
     def on_train_end(self, run_context: Any) -> None:
         if self.probe is not None:
             self.probe.close()
-
 
 
 def _cb_get(cb: Any, key: str) -> Any:

@@ -45,8 +45,10 @@ from syncdoctor.probe.fingerprint_np import array_fingerprint, combine
 from syncdoctor.settings import CHECK_EVERY_ENV, DEFAULT_CHECK_EVERY, ON_MISMATCH_ENV, RUN_DIR_ENV
 
 NO_STEP_AFTER_BATCHES = 20  # batches drawn with no update seen: say the probe could not attach
-FIX_LINE = ("add `probe = syncdoctor.probe.mindspore.MindSporeProbe(net, optimizer)` after building the "
-            "optimizer and `probe.after_step(loss=loss)` after each update")
+FIX_LINE = (
+    "add `probe = syncdoctor.probe.mindspore.MindSporeProbe(net, optimizer)` after building the "
+    "optimizer and `probe.after_step(loss=loss)` after each update"
+)
 
 
 def _safe(fn: Any, *args: Any) -> Any:
@@ -132,11 +134,13 @@ def report(ids: Any = None, loss: Any = None, overflow: bool | None = None, loss
 
 def skipped(loss: Any = None, loss_scale: float | None = None) -> None:
     """Optional: an iteration ended without an update (a loss-scale overflow skip)."""
+
     def run() -> None:
         if W.optimizer is None:
             return
         report(loss=loss, overflow=True, loss_scale=loss_scale)
         _record(W.optimizer, None, None, None)  # no update: the optimizer's counter stays where it was
+
     _safe(run)
 
 
@@ -281,14 +285,27 @@ def _start(opt: Any, kind: str | None, call: Any) -> None:
     W.style = _style(opt, kind, call)
     every = os.environ.get(CHECK_EVERY_ENV)
     W.probe = MindSporeProbe(
-        None, opt, os.environ.get(RUN_DIR_ENV), loss_fn=loss_fn, dataset=W.dataset() if W.dataset else None,
-        grad_reducer=W.reducer() if W.reducer else None, loss_scaler=W.scaler() if W.scaler else None,
+        None,
+        opt,
+        os.environ.get(RUN_DIR_ENV),
+        loss_fn=loss_fn,
+        dataset=W.dataset() if W.dataset else None,
+        grad_reducer=W.reducer() if W.reducer else None,
+        loss_scaler=W.scaler() if W.scaler else None,
         check_every=int(every) if every else DEFAULT_CHECK_EVERY,
-        on_mismatch=os.environ.get(ON_MISMATCH_ENV) or "warn", params=params, mode_cells=mode_cells,
-        init_param_fp=init_fp, auto=True, extra={"style": W.style})
+        on_mismatch=os.environ.get(ON_MISMATCH_ENV) or "warn",
+        params=params,
+        mode_cells=mode_cells,
+        init_param_fp=init_fp,
+        auto=True,
+        extra={"style": W.style},
+    )
     rank = getattr(W.probe, "rank", 0)
-    print(f"syncdoctor: probe attached on rank {rank} to {W.style}; records in "
-          f"{os.environ.get(RUN_DIR_ENV)}/records", file=sys.stderr, flush=True)
+    print(
+        f"syncdoctor: probe attached on rank {rank} to {W.style}; records in {os.environ.get(RUN_DIR_ENV)}/records",
+        file=sys.stderr,
+        flush=True,
+    )
     atexit.register(_close)
 
 
@@ -328,8 +345,11 @@ def _record(opt: Any, kind: str | None, now: int | None, call: Any, overflow: bo
         try:
             _start(opt, kind, call)
         except Exception as exc:
-            print(f"syncdoctor: the probe could not attach on this rank ({type(exc).__name__}: {exc}); {FIX_LINE}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"syncdoctor: the probe could not attach on this rank ({type(exc).__name__}: {exc}); {FIX_LINE}",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         W.start_failed = False
     elif opt is not W.optimizer:
@@ -355,8 +375,13 @@ def _record(opt: Any, kind: str | None, now: int | None, call: Any, overflow: bo
         grads = call[1][0]  # optimizer(grads): what the update used
     W.grads = W.grads_local = None
     scale = rep.get("loss_scale")
-    if scale is None and call is not None and hasattr(call[0], "scale_sense") \
-            and isinstance(call[2], (tuple, list)) and len(call[2]) >= 3:
+    if (
+        scale is None
+        and call is not None
+        and hasattr(call[0], "scale_sense")
+        and isinstance(call[2], (tuple, list))
+        and len(call[2]) >= 3
+    ):
         # TrainOneStepWithLossScaleCell returns (loss, overflow, scale)
         from syncdoctor.probe.mindspore import _float
 
@@ -367,9 +392,18 @@ def _record(opt: Any, kind: str | None, now: int | None, call: Any, overflow: bo
 
         scale = _float(W.scaler().scale_value)
     ids = rep.get("ids")
-    probe.after_step(loss=loss, grads=grads, grads_local=grads_local, batch_ids=ids, micro=micro,
-                     samples=samples, overflow=rep.get("overflow", overflow), loss_scale=scale,
-                     opt_steps=now, data_fp=data_fp)
+    probe.after_step(
+        loss=loss,
+        grads=grads,
+        grads_local=grads_local,
+        batch_ids=ids,
+        micro=micro,
+        samples=samples,
+        overflow=rep.get("overflow", overflow),
+        loss_scale=scale,
+        opt_steps=now,
+        data_fp=data_fp,
+    )
 
 
 def _close() -> None:
@@ -386,9 +420,13 @@ def _no_step_yet(at_exit: bool = False) -> None:
     if W.told_no_step or W.probe is not None or W.model_train_seen or not W.batches_without_step:
         return
     W.told_no_step = True
-    print(f"syncdoctor: the probe could not attach on this rank: {W.batches_without_step} batches drawn and no "
-          f"MindSpore optimizer update seen{' by the end' if at_exit else ''} (an optimizer that is not a "
-          f"mindspore.nn.Optimizer, or an update outside MindSpore); {FIX_LINE}", file=sys.stderr, flush=True)
+    print(
+        f"syncdoctor: the probe could not attach on this rank: {W.batches_without_step} batches drawn and no "
+        f"MindSpore optimizer update seen{' by the end' if at_exit else ''} (an optimizer that is not a "
+        f"mindspore.nn.Optimizer, or an update outside MindSpore); {FIX_LINE}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 # --------------------------------------------------------------------------- the patches
@@ -414,12 +452,15 @@ def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
 
 def _then(hook: Callable[[Any, Any], None]) -> Callable[[Any], Any]:
     """A wrapper maker: the original runs, then `hook(self, its result)` under `_safe`."""
+
     def make(original: Any) -> Any:
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             out = original(self, *args, **kwargs)
             _safe(hook, self, out)
             return out
+
         return wrapper
+
     return make
 
 
@@ -427,6 +468,7 @@ def _outer_call(kind: str, inner: Callable[[Any, tuple[Any, ...], Any], None] | 
     """A wrapper maker for a call into MindSpore (a Cell's or a jitted function's): the
     initial fingerprint is taken before the first call after an optimizer was built;
     `inner` sees every call, nested ones included; the outermost call may end a step."""
+
     def make(original: Any) -> Any:
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
             if W.need_init and not W.depth:
@@ -441,7 +483,9 @@ def _outer_call(kind: str, inner: Callable[[Any, tuple[Any, ...], Any], None] | 
             if W.depth == 0:
                 _safe(_after_outer_call, kind, self, args, out)
             return out
+
         return __call__
+
     return make
 
 
@@ -456,6 +500,7 @@ def _cell_call_watcher(nn: Any) -> Callable[[Any, tuple[Any, ...], Any], None]:
             _saw_reducer(cell, args, out)
         elif W.depth and isinstance(cell, optimizer_cls) and args:
             W.grads = args[0]  # optimizer(grads) inside a train cell run op by op (PyNative)
+
     return saw
 
 
@@ -481,8 +526,11 @@ def take_init() -> None:
     at the first call into MindSpore after it was built (before any update, after a
     checkpoint the script loaded into the net)."""
     W.need_init = False
-    W.optimizers = [(ref, fp if fp is not None else combine([array_fingerprint(p.asnumpy()) for p in ref().parameters]))
-                    for ref, fp in W.optimizers if ref() is not None]
+    W.optimizers = [
+        (ref, fp if fp is not None else combine([array_fingerprint(p.asnumpy()) for p in ref().parameters]))
+        for ref, fp in W.optimizers
+        if ref() is not None
+    ]
 
 
 def _saw_batch(iterator: Any, batch: Any) -> None:
@@ -526,8 +574,11 @@ def _model_train(original: Any) -> Any:
             cbs = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
             if not any(isinstance(c, msprobe.SyncDoctorCallback) for c in cbs):
                 every = os.environ.get(CHECK_EVERY_ENV)
-                cbs.append(msprobe.SyncDoctorCallback(os.environ.get(RUN_DIR_ENV),
-                                                      check_every=int(every) if every else DEFAULT_CHECK_EVERY))
+                cbs.append(
+                    msprobe.SyncDoctorCallback(
+                        os.environ.get(RUN_DIR_ENV), check_every=int(every) if every else DEFAULT_CHECK_EVERY
+                    )
+                )
             callbacks = cbs
         except Exception:
             pass
@@ -556,8 +607,10 @@ def install() -> bool:
     from syncdoctor.probe import boot
 
     # mindspore.amp is imported after mindspore.train by the package: patch it when it is.
-    boot.when_imported("mindspore.amp", lambda: _safe(
-        _patch, _class_in("mindspore.amp", "DynamicLossScaler"), "__init__", _then(_saw_scaler)))
+    boot.when_imported(
+        "mindspore.amp",
+        lambda: _safe(_patch, _class_in("mindspore.amp", "DynamicLossScaler"), "__init__", _then(_saw_scaler)),
+    )
     W.installed = True
     atexit.register(lambda: _safe(_no_step_yet, True))
     return True

@@ -11,8 +11,9 @@ import numpy as np
 FP16_SAMPLE = 256  # values per gradient tensor looked at
 
 
-def fp16_exact(grads: Iterable[Any], dtype_name: Callable[[Any], str],
-               sample: Callable[[Any, int], np.ndarray]) -> bool | None:
+def fp16_exact(
+    grads: Iterable[Any], dtype_name: Callable[[Any], str], sample: Callable[[Any, int], np.ndarray]
+) -> bool | None:
     """Whether the gradients hold float16 values (they were computed or reduced in
     fp16, e.g. fp16 training or fp16 gradient compression). A sample of each tensor
     suffices: a float32 gradient value is fp16-representable with odds of ~2^-13.

@@ -48,10 +48,15 @@ def hyperparams(obj: Any) -> dict[str, Any]:
 def optimizer_info(optimizer: Any) -> dict[str, Any]:
     if optimizer is None:
         return {}
-    groups = [{k: v for k, v in g.items() if k != "params" and isinstance(v, _HYPERPARAM_TYPES + (tuple,))}
-              for g in optimizer.param_groups]
-    return {"type": type(optimizer).__name__, "param_groups": groups,
-            "n_params": sum(len(g["params"]) for g in optimizer.param_groups)}
+    groups = [
+        {k: v for k, v in g.items() if k != "params" and isinstance(v, _HYPERPARAM_TYPES + (tuple,))}
+        for g in optimizer.param_groups
+    ]
+    return {
+        "type": type(optimizer).__name__,
+        "param_groups": groups,
+        "n_params": sum(len(g["params"]) for g in optimizer.param_groups),
+    }
 
 
 def loader_info(loader: Any) -> dict[str, Any]:
@@ -63,21 +68,38 @@ def loader_info(loader: Any) -> dict[str, Any]:
         return dict(loader or {})
     sampler = getattr(loader, "sampler", None)
     batch_sampler = getattr(loader, "batch_sampler", None)
-    info: dict[str, Any] = {"type": type(loader).__name__, "batch_size": getattr(loader, "batch_size", None),
-                            "drop_last": getattr(loader, "drop_last", None),
-                            "sampler": type(sampler).__name__ if sampler is not None else None}
+    info: dict[str, Any] = {
+        "type": type(loader).__name__,
+        "batch_size": getattr(loader, "batch_size", None),
+        "drop_last": getattr(loader, "drop_last", None),
+        "sampler": type(sampler).__name__ if sampler is not None else None,
+    }
     # Where the sharding lives: a DistributedSampler (also inside a batch sampler, as
     # Lightning and accelerate nest it), or a batch-level shard (accelerate's
     # num_processes / process_index).
-    for obj in (sampler, batch_sampler, getattr(batch_sampler, "sampler", None),
-                getattr(batch_sampler, "batch_sampler", None)):
-        for attr, key in (("num_replicas", "num_replicas"), ("rank", "rank"), ("num_processes", "num_replicas"),
-                          ("process_index", "rank"), ("shuffle", "shuffle"), ("seed", "seed"), ("epoch", "epoch")):
+    for obj in (
+        sampler,
+        batch_sampler,
+        getattr(batch_sampler, "sampler", None),
+        getattr(batch_sampler, "batch_sampler", None),
+    ):
+        for attr, key in (
+            ("num_replicas", "num_replicas"),
+            ("rank", "rank"),
+            ("num_processes", "num_replicas"),
+            ("process_index", "rank"),
+            ("shuffle", "shuffle"),
+            ("seed", "seed"),
+            ("epoch", "epoch"),
+        ):
             value = getattr(obj, attr, None)
             if key not in info and isinstance(value, (int, float, str, bool)):
                 info[key] = value
-    plain = {type(sampler).__name__, type(batch_sampler).__name__} <= {"SequentialSampler", "RandomSampler",
-                                                                       "BatchSampler"}
+    plain = {type(sampler).__name__, type(batch_sampler).__name__} <= {
+        "SequentialSampler",
+        "RandomSampler",
+        "BatchSampler",
+    }
     if "num_replicas" not in info and plain:
         info["num_replicas"] = 1  # torch's own samplers: every rank reads the whole dataset
         info["shuffle"] = type(sampler).__name__ == "RandomSampler"
@@ -93,11 +115,13 @@ def ddp_info(model: Any) -> dict[str, Any]:
 
     if not isinstance(model, DDP):
         return {"wrapper": type(model).__name__, **_fully_shard_info(model)}
-    return {"wrapper": "DistributedDataParallel",
-            "broadcast_buffers": getattr(model, "broadcast_buffers", None),
-            "find_unused_parameters": getattr(model, "find_unused_parameters", None),
-            "gradient_as_bucket_view": getattr(model, "gradient_as_bucket_view", None),
-            "bucket_cap_mb": getattr(model, "bucket_bytes_cap", 0) / 2**20 or None}
+    return {
+        "wrapper": "DistributedDataParallel",
+        "broadcast_buffers": getattr(model, "broadcast_buffers", None),
+        "find_unused_parameters": getattr(model, "find_unused_parameters", None),
+        "gradient_as_bucket_view": getattr(model, "gradient_as_bucket_view", None),
+        "bucket_cap_mb": getattr(model, "bucket_bytes_cap", 0) / 2**20 or None,
+    }
 
 
 def _fully_shard_info(model: Any) -> dict[str, Any]:
@@ -117,11 +141,31 @@ def _fully_shard_info(model: Any) -> dict[str, Any]:
     return {"fully_shard": True, "mp_policies": [dict(p) for p in distinct]}
 
 
-def build_snapshot(*, rank: int, world_size: int, model: Any, optimizer: Any, loss_fn: Any,
-                   loader: Any, global_batch: int | None, tensor_names: list[str],
-                   init_param_fp: int | None) -> dict[str, Any]:
+def build_snapshot(
+    *,
+    rank: int,
+    world_size: int,
+    model: Any,
+    optimizer: Any,
+    loss_fn: Any,
+    loader: Any,
+    global_batch: int | None,
+    tensor_names: list[str],
+    init_param_fp: int | None,
+) -> dict[str, Any]:
     return build_common_snapshot(
-        framework="torch", rank=rank, world_size=world_size, versions=versions(), rng=rng_digests(),
-        seed={"torch_initial_seed": torch.initial_seed()}, loss_fn=loss_fn, loss_params=hyperparams(loss_fn),
-        optimizer=optimizer_info(optimizer), ddp=ddp_info(model), loader=loader_info(loader),
-        global_batch=global_batch, tensor_names=tensor_names, init_param_fp=init_param_fp)
+        framework="torch",
+        rank=rank,
+        world_size=world_size,
+        versions=versions(),
+        rng=rng_digests(),
+        seed={"torch_initial_seed": torch.initial_seed()},
+        loss_fn=loss_fn,
+        loss_params=hyperparams(loss_fn),
+        optimizer=optimizer_info(optimizer),
+        ddp=ddp_info(model),
+        loader=loader_info(loader),
+        global_batch=global_batch,
+        tensor_names=tensor_names,
+        init_param_fp=init_param_fp,
+    )

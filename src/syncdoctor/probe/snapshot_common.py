@@ -32,8 +32,17 @@ def sha256_file(path: str | Path) -> str | None:
 def user_source_files() -> dict[str, str]:
     """Hashes of the user's own imported modules: not the standard library, not
     site-packages, not syncdoctor, so that two nodes with different code differ here."""
-    skip = tuple(p for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
-                             sysconfig.get_paths()["platlib"], sys.prefix, sys.base_prefix} if p)
+    skip = tuple(
+        p
+        for p in {
+            sysconfig.get_paths()["stdlib"],
+            sysconfig.get_paths()["purelib"],
+            sysconfig.get_paths()["platlib"],
+            sys.prefix,
+            sys.base_prefix,
+        }
+        if p
+    )
     own = str(Path(syncdoctor.__file__).parent)
     files: dict[str, str] = {}
     for module in list(sys.modules.values()):
@@ -70,27 +79,51 @@ def public_scalars(obj: Any, internal: set[str] | frozenset[str] = frozenset()) 
     if obj is None:
         return {}
     items = vars(obj).items() if hasattr(obj, "__dict__") else []
-    return {k: v for k, v in items if not k.startswith("_") and k != "training" and k not in internal
-            and isinstance(v, HYPERPARAM_TYPES)}
+    return {
+        k: v
+        for k, v in items
+        if not k.startswith("_") and k != "training" and k not in internal and isinstance(v, HYPERPARAM_TYPES)
+    }
 
 
-def build_common_snapshot(*, framework: str, rank: int, world_size: int, versions: dict[str, str],
-                          rng: dict[str, str], seed: dict[str, Any], loss_fn: Any, loss_params: dict[str, Any],
-                          optimizer: dict[str, Any], ddp: dict[str, Any], loader: dict[str, Any],
-                          global_batch: int | None, tensor_names: list[str],
-                          init_param_fp: int | None) -> dict[str, Any]:
+def build_common_snapshot(
+    *,
+    framework: str,
+    rank: int,
+    world_size: int,
+    versions: dict[str, str],
+    rng: dict[str, str],
+    seed: dict[str, Any],
+    loss_fn: Any,
+    loss_params: dict[str, Any],
+    optimizer: dict[str, Any],
+    ddp: dict[str, Any],
+    loader: dict[str, Any],
+    global_batch: int | None,
+    tensor_names: list[str],
+    init_param_fp: int | None,
+) -> dict[str, Any]:
     """A snapshot record's fields (records/contract.py SNAPSHOT); the framework hooks
     are the arguments."""
     entry = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     return {
-        "rank": rank, "world_size": world_size,
+        "rank": rank,
+        "world_size": world_size,
         "local_rank": int(os.environ.get("LOCAL_RANK", os.environ.get("DEVICE_ID", rank)) or 0),
-        "framework": framework, "host": socket.gethostname(), "pid": os.getpid(), "t": time.time(),
-        "env": rank_env(), "versions": {**versions, "syncdoctor": syncdoctor.__version__},
-        "code": {"entry": entry, "entry_sha256": sha256_file(entry) if entry else None,
-                 "files": user_source_files()},
-        "rng": {**python_rng_digests(), **rng}, "seed": seed,
+        "framework": framework,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "t": time.time(),
+        "env": rank_env(),
+        "versions": {**versions, "syncdoctor": syncdoctor.__version__},
+        "code": {"entry": entry, "entry_sha256": sha256_file(entry) if entry else None, "files": user_source_files()},
+        "rng": {**python_rng_digests(), **rng},
+        "seed": seed,
         "loss": {"type": type(loss_fn).__name__ if loss_fn is not None else None, "params": loss_params},
-        "optimizer": optimizer, "ddp": ddp, "loader": loader,
-        "global_batch": global_batch, "tensors": tensor_names, "init_param_fp": init_param_fp,
+        "optimizer": optimizer,
+        "ddp": ddp,
+        "loader": loader,
+        "global_batch": global_batch,
+        "tensors": tensor_names,
+        "init_param_fp": init_param_fp,
     }

@@ -10,8 +10,14 @@ from typing import Any
 
 __all__ = ["SCHEMA_VERSION", "STEP_SCHEMA", "RecordError", "RecordWriter", "RunRecords", "read_run"]
 
-_WHERE = {"RunRecords": "reader", "read_run": "reader", "SCHEMA_VERSION": "schema",
-          "STEP_SCHEMA": "schema", "RecordError": "schema", "RecordWriter": "writer"}
+_WHERE = {
+    "RunRecords": "reader",
+    "read_run": "reader",
+    "SCHEMA_VERSION": "schema",
+    "STEP_SCHEMA": "schema",
+    "RecordError": "schema",
+    "RecordWriter": "writer",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -36,8 +36,9 @@ def agreement(values: dict[int, Any]) -> Agreement:
         return Agreement(True, values[ranks[0]], ranks, [])
     value, top = counts.most_common(1)[0]
     if top * 2 > len(values):
-        return Agreement(True, value, [r for r in ranks if values[r] == value],
-                         [r for r in ranks if values[r] != value])
+        return Agreement(
+            True, value, [r for r in ranks if values[r] == value], [r for r in ranks if values[r] != value]
+        )
     # No majority: a rank that shares its value with nobody is surely odd, but every
     # side of a split is suspect, so all ranks are named.
     return Agreement(False, None, [], ranks)
@@ -59,8 +60,9 @@ def describe_split(values: dict[int, Any], fmt: Any = _compact) -> str:
     for rank in sorted(values):
         groups.setdefault(fmt(values[rank]), []).append(rank)
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
-    return " vs ".join(f"{text} ({'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, _span(rs)))})"
-                       for text, rs in ordered)
+    return " vs ".join(
+        f"{text} ({'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, _span(rs)))})" for text, rs in ordered
+    )
 
 
 def _span(ranks: list[int], limit: int = 8) -> list[str]:

@@ -111,7 +111,9 @@ SNAPSHOT = (
     _f("check_every", "int", "the live check's interval K"),
     _f("baseline", "dict", "the single-card recipe the job was tuned on (lr, batch_size)", by=(TORCH,)),
     _f("auto", "bool", "attached without code changes (`syncdoctor run`)"),
-    _f("style", "str", "MindSpore: how the training loop was reached (Model.train, a train cell, ...)", by=(MINDSPORE,)),
+    _f(
+        "style", "str", "MindSpore: how the training loop was reached (Model.train, a train cell, ...)", by=(MINDSPORE,)
+    ),
 )
 
 # Float fields of a step record: a NaN or inf among them is written as null and named in `nonfinite`.
@@ -143,14 +145,30 @@ STEP = (
     _f("config_fp", "int", "fingerprint of what must be configured alike (loss, optimizer, DDP settings)", by=(TORCH,)),
     _f("tensor_norms", "list[float]", "per-parameter gradient norms", by=(TORCH,)),
     _f("tensor_fps", "list[int]", "MindSpore, at check steps: per-parameter fingerprints", by=(MINDSPORE,)),
-    _f("replica_fps", "struct", "sharded jobs: per placement class, fingerprints of local shards",
-       _f("param", "list[int]", "parameters"), _f("opt", "list[int]", "optimizer state"),
-       _f("grad", "list[int]", "gradients"), by=(TORCH,)),
-    _f("acts", "list[struct]", "opt-in activation statistics of every k-th block",
-       _f("name", "str", "index:class of the block"), _f("mean", "float", "mean activation"),
-       _f("std", "float", "standard deviation"), by=(TORCH,)),
-    _f("nonfinite", "struct", 'the float fields written as null because they were NaN/inf ({"loss": "nan"})',
-       *(_f(name, "str", f"{name} was this non-finite value") for name in _STEP_FLOATS)),
+    _f(
+        "replica_fps",
+        "struct",
+        "sharded jobs: per placement class, fingerprints of local shards",
+        _f("param", "list[int]", "parameters"),
+        _f("opt", "list[int]", "optimizer state"),
+        _f("grad", "list[int]", "gradients"),
+        by=(TORCH,),
+    ),
+    _f(
+        "acts",
+        "list[struct]",
+        "opt-in activation statistics of every k-th block",
+        _f("name", "str", "index:class of the block"),
+        _f("mean", "float", "mean activation"),
+        _f("std", "float", "standard deviation"),
+        by=(TORCH,),
+    ),
+    _f(
+        "nonfinite",
+        "struct",
+        'the float fields written as null because they were NaN/inf ({"loss": "nan"})',
+        *(_f(name, "str", f"{name} was this non-finite value") for name in _STEP_FLOATS),
+    ),
 )
 
 CHECK = (
@@ -180,8 +198,13 @@ END = (
     _f("message", "str", "the exception's type and text"),
 )
 
-KINDS: dict[str, tuple[Field, ...]] = {KIND_SNAPSHOT: SNAPSHOT, KIND_STEP: STEP, KIND_CHECK: CHECK,
-                                       KIND_EVENT: EVENT, KIND_END: END}
+KINDS: dict[str, tuple[Field, ...]] = {
+    KIND_SNAPSHOT: SNAPSHOT,
+    KIND_STEP: STEP,
+    KIND_CHECK: CHECK,
+    KIND_EVENT: EVENT,
+    KIND_END: END,
+}
 
 
 def names(kind: str) -> tuple[str, ...]:
@@ -192,8 +215,16 @@ def field(kind: str, name: str) -> Field:
     return next(f for f in KINDS[kind] if f.name == name)
 
 
-_PY: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "str": str, "bool": bool,
-                                           "dict": dict, "section": dict, "struct": dict, "list": list}
+_PY: dict[str, type | tuple[type, ...]] = {
+    "int": int,
+    "float": (int, float),
+    "str": str,
+    "bool": bool,
+    "dict": dict,
+    "section": dict,
+    "struct": dict,
+    "list": list,
+}
 
 
 def python_type(type_: str) -> type | tuple[type, ...]:
@@ -222,8 +253,11 @@ def _check_fields(where: str, values: dict[str, Any], fields: tuple[Field, ...])
             out += _check_fields(f"{where}.{key}", value, spec.fields)
         elif spec.type == "list[struct]":
             for item in value:
-                out += _check_fields(f"{where}.{key}[]", item, spec.fields) if isinstance(item, dict) \
+                out += (
+                    _check_fields(f"{where}.{key}[]", item, spec.fields)
+                    if isinstance(item, dict)
                     else [f"{where}.{key}[]: {type(item).__name__} is not struct"]
+                )
     return out
 
 

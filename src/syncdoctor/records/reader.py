@@ -32,7 +32,8 @@ MAX_WORLD_SIZE = 1 << 20
 # (docs/records.md).
 _FIELD_TYPES: dict[str, dict[str, str]] = {
     kind: {f.name: f.type for f in fields if f.name not in ("v", "kind", "rank")}
-    for kind, fields in contract.KINDS.items() if kind != contract.KIND_STEP
+    for kind, fields in contract.KINDS.items()
+    if kind != contract.KIND_STEP
 }
 _REQUIRED = {"check": ("step",)}  # the doctor orders checks by step
 
@@ -180,8 +181,10 @@ def _tail_steps(rank: int, path: Path, steps: list[bytes], out: RunRecords) -> l
             continue
         new = [line.rstrip(b"\n") for line in lines if line[: line.find(KEY_END)] not in written]
         if new:
-            out.warnings.append(f"{path.name}: {len(new)} step records read from {tail.name}, not yet in the "
-                                "file (the rank is still running, or was killed)")
+            out.warnings.append(
+                f"{path.name}: {len(new)} step records read from {tail.name}, not yet in the "
+                "file (the rank is still running, or was killed)"
+            )
             recovered += new
     return recovered
 
@@ -218,12 +221,10 @@ def _parse_steps(blob: bytes, out: RunRecords) -> pl.DataFrame:
         frame = pl.DataFrame(rows, schema=STEP_SCHEMA, strict=False)
     # Every analysis groups by rank and step: a row without them (or with a rank no
     # real job has) is dropped here rather than breaking them downstream.
-    usable = frame.filter(pl.col("step").is_not_null()
-                          & pl.col("rank").is_between(0, MAX_WORLD_SIZE - 1))
+    usable = frame.filter(pl.col("step").is_not_null() & pl.col("rank").is_between(0, MAX_WORLD_SIZE - 1))
     usable = _restore_nonfinite(usable)
     if usable.height < frame.height:
-        out.warnings.append(f"{frame.height - usable.height} step records without a usable "
-                            "rank or step skipped")
+        out.warnings.append(f"{frame.height - usable.height} step records without a usable rank or step skipped")
     return usable.sort(["rank", "step"])
 
 
@@ -238,7 +239,8 @@ def _restore_nonfinite(frame: pl.DataFrame) -> pl.DataFrame:
         return frame
     return frame.with_columns(
         pl.coalesce(pl.col("nonfinite").struct.field(name).cast(pl.Float64, strict=False), pl.col(name)).alias(name)
-        for name in _NONFINITE)
+        for name in _NONFINITE
+    )
 
 
 def _coerce(value: Any, dtype: pl.DataType) -> Any:

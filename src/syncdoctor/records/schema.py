@@ -24,8 +24,7 @@ def _dtype(spec: contract.Field) -> pl.DataType:
     return _SCALAR[spec.type]
 
 
-_SCALAR: dict[str, pl.DataType] = {"int": pl.Int64(), "float": pl.Float64(), "str": pl.String(),
-                                   "bool": pl.Boolean()}
+_SCALAR: dict[str, pl.DataType] = {"int": pl.Int64(), "float": pl.Float64(), "str": pl.String(), "bool": pl.Boolean()}
 
 # Explicit dtypes for step records, derived from the contract, so 2.5M rows parse
 # without inference surprises.

@@ -44,15 +44,20 @@ _FLUSHED_AT = _HEADER.size - 8
 NO_LOSS, NO_LR = 1, 2
 
 # C formatting: %.17g gives back the very same float when read, and is faster than repr.
-_STEP_LINE = (b'{"v":%d,"kind":"step","rank":%%d,"step":%%d,"micro":%%d,"backward":%%d,"opt_steps":%%d,'
-              b'"t":%%.6f,"loss":%%.17g,"lr":%%.17g}\n' % SCHEMA_VERSION)
-_STEP_LINE_ANY = (b'{"v":%d,"kind":"step","rank":%%d,"step":%%d,"micro":%%d,"backward":%%d,"opt_steps":%%d,'
-                  b'"t":%%.6f,"loss":%%s,"lr":%%s%%s}\n' % SCHEMA_VERSION)
+_STEP_LINE = (
+    b'{"v":%d,"kind":"step","rank":%%d,"step":%%d,"micro":%%d,"backward":%%d,"opt_steps":%%d,'
+    b'"t":%%.6f,"loss":%%.17g,"lr":%%.17g}\n' % SCHEMA_VERSION
+)
+_STEP_LINE_ANY = (
+    b'{"v":%d,"kind":"step","rank":%%d,"step":%%d,"micro":%%d,"backward":%%d,"opt_steps":%%d,'
+    b'"t":%%.6f,"loss":%%s,"lr":%%s%%s}\n' % SCHEMA_VERSION
+)
 KEY_END = b',"loss":'  # a step line up to here names it: rank, step, counters, time
 
 
-def format_step(rank: int, step: int, micro: int, backward: int, opt_steps: int, t: float,
-                loss: float, lr: float, absent: int) -> bytes:
+def format_step(
+    rank: int, step: int, micro: int, backward: int, opt_steps: int, t: float, loss: float, lr: float, absent: int
+) -> bytes:
     """One step record, as the writer's general path would write it (a value JSON
     cannot carry becomes null and is named in "nonfinite")."""
     if not absent and loss - loss == 0.0 and lr - lr == 0.0:
@@ -94,8 +99,9 @@ class StepTail:
         self.flush_by = math.inf  # when the oldest pending step is FLUSH_AFTER_S old
         self._body, self._seq = _BODY.pack_into, _SEQ.pack_into
 
-    def put(self, step: int, micro: int, backward: int, opt_steps: int, t: float, loss: float, lr: float,
-            absent: int) -> bool:
+    def put(
+        self, step: int, micro: int, backward: int, opt_steps: int, t: float, loss: float, lr: float, absent: int
+    ) -> bool:
         """Store one step; True when the pending steps should be written now."""
         pending = self.pending
         if not pending:

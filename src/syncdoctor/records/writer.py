@@ -30,8 +30,9 @@ _instances = itertools.count()
 def _split_nonfinite(fields: dict[str, Any]) -> dict[str, str]:
     """JSON has no NaN/inf: such a top-level float becomes null and is named in
     `nonfinite` ({"loss": "nan"}), so a NaN loss is never silently lost."""
-    nonfinite = {key: str(value) for key, value in fields.items()
-                 if value.__class__ is float and not math.isfinite(value)}
+    nonfinite = {
+        key: str(value) for key, value in fields.items() if value.__class__ is float and not math.isfinite(value)
+    }
     for key in nonfinite:
         fields[key] = None
     return nonfinite
@@ -53,8 +54,9 @@ class RecordWriter:
         self._pid = os.getpid()  # a forked child (a loader worker) writes nothing
         # Validating mode (tests): each record is checked against records/contract.py and
         # what breaks it is written beside the records, never raised into training.
-        self.violations_path = self.path.with_suffix(".violations") \
-            if os.environ.get(settings.VALIDATE_RECORDS_ENV) == "1" else None
+        self.violations_path = (
+            self.path.with_suffix(".violations") if os.environ.get(settings.VALIDATE_RECORDS_ENV) == "1" else None
+        )
         try:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -66,8 +68,9 @@ class RecordWriter:
             except (OSError, ValueError):
                 pass  # no mapping here: each step record is written at once
 
-    def step(self, step: int, micro: int, backward: int, opt_steps: int, t: float, loss: float | None,
-             lr: float | None) -> None:
+    def step(
+        self, step: int, micro: int, backward: int, opt_steps: int, t: float, loss: float | None, lr: float | None
+    ) -> None:
         """A step record with nothing but counters, time, loss and lr: the probe's
         every-step path, a memory copy into the tail file."""
         absent = 0

@@ -22,14 +22,24 @@ def main(run_dir: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
-                                    torch.nn.Linear(8, 2)))
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     data = TensorDataset(torch.arange(64), torch.randn(64, 4), torch.randint(0, 2, (64,)))
     loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data, seed=1))
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
-    probe = syncdoctor.attach(model, optimizer, run_dir=run_dir, loss_fn=loss_fn, loader=loader, check_every=2,
-                              activations_every=2, baseline={"lr": 0.1, "batch_size": 4}, global_batch=8)
+    probe = syncdoctor.attach(
+        model,
+        optimizer,
+        run_dir=run_dir,
+        loss_fn=loss_fn,
+        loader=loader,
+        check_every=2,
+        activations_every=2,
+        baseline={"lr": 0.1, "batch_size": 4},
+        global_batch=8,
+    )
     for step, (ids, x, y) in zip(range(1, STEPS + 1), loader, strict=False):
         probe.batch(ids)
         loss = loss_fn(model(x), y)

@@ -99,8 +99,7 @@ def install_pause_points(rank: int, state: dict) -> None:
 
 def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=args.pg_timeout))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=args.pg_timeout))
     torch.manual_seed(args.seed)
     g = torch.Generator().manual_seed(1234)
     data = TensorDataset(torch.randn(512, 1, 8, 8, generator=g), torch.randint(0, 10, (512,), generator=g))
@@ -110,6 +109,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
     state = {"step": 0}
     install_pause_points(rank, state)
     if args.comm_hook:
+
         def mean_hook(hook_state, bucket):  # type: ignore[no-untyped-def]
             pause_here("hook", rank, state["step"] + 1)
             buf = bucket.buffer().div_(world_size)
@@ -119,7 +119,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
     weight_decay = 1e-2 if rank == args.odd_weight_decay_rank else 0.0
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=weight_decay)
-    nan_rank, nan_step = (args.nan_at.split(":") if args.nan_at else (None, "0"))
+    nan_rank, nan_step = args.nan_at.split(":") if args.nan_at else (None, "0")
     epoch = 0
     while state["step"] < args.steps:
         sampler.set_epoch(epoch)

@@ -49,8 +49,13 @@ def late_rank(opt, args, kwargs):
         time.sleep(2 * healer.post_wait_s + 1)
         return
     plans = checker.store.add("heal/plans", 0)
-    if (mode == "slow" and late_done and not slow_done and plans
-            and step == json.loads(checker.store.get(f"heal/{plans}"))["step"]):
+    if (
+        mode == "slow"
+        and late_done
+        and not slow_done
+        and plans
+        and step == json.loads(checker.store.get(f"heal/{plans}"))["step"]
+    ):
         slow_done = True
         time.sleep(healer.wait_s + 2)  # arrives after the others gave up
 

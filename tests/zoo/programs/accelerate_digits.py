@@ -34,7 +34,11 @@ DECAY_AT = 10  # lr_main_only: the decay happens after this step
 
 def build_model() -> nn.Module:
     return nn.Sequential(
-        nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 10),
+        nn.Flatten(),
+        nn.Linear(64, 64),
+        nn.ReLU(),
+        nn.Dropout(0.1),
+        nn.Linear(64, 10),
     )
 
 

@@ -66,8 +66,9 @@ def main() -> None:
     if args.syncdoctor:
         import syncdoctor
 
-        probe = syncdoctor.attach(model, optimizer, run_dir=args.syncdoctor, check_every=args.check_every,
-                                  loader=loader)
+        probe = syncdoctor.attach(
+            model, optimizer, run_dir=args.syncdoctor, check_every=args.check_every, loader=loader
+        )
 
     step, epoch, previous = 0, 0, float("inf")
     while step < args.steps:

@@ -107,8 +107,9 @@ def main() -> None:
     if args.syncdoctor:
         import syncdoctor
 
-        probe = syncdoctor.attach(model, optimizer, run_dir=args.syncdoctor, check_every=args.check_every,
-                                  loss_fn=criterion, loader=loader)
+        probe = syncdoctor.attach(
+            model, optimizer, run_dir=args.syncdoctor, check_every=args.check_every, loss_fn=criterion, loader=loader
+        )
 
     step, epoch = 0, 0
     model.train()

@@ -41,8 +41,13 @@ from zoo_data import DigitTokens, save_final
 class OwnLoaderTrainer(Trainer):
     def get_train_dataloader(self) -> DataLoader:
         shuffle = torch.Generator().manual_seed(self.args.seed)
-        return DataLoader(self.train_dataset, batch_size=self.args.per_device_train_batch_size,
-                          shuffle=True, generator=shuffle, drop_last=True)
+        return DataLoader(
+            self.train_dataset,
+            batch_size=self.args.per_device_train_batch_size,
+            shuffle=True,
+            generator=shuffle,
+            drop_last=True,
+        )
 
 
 def main() -> None:
@@ -58,18 +63,33 @@ def main() -> None:
     torch.set_num_threads(1)
     local_rank = int(os.environ.get("LOCAL_RANK", "-1"))
     set_seed(1337 + max(local_rank, 0))
-    config = BertConfig(vocab_size=DigitTokens.vocab_size, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
-                        num_labels=10)
+    config = BertConfig(
+        vocab_size=DigitTokens.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=10,
+    )
     model = BertForSequenceClassification(config)
 
     smoothing = 0.2 if args.bug == "label_smoothing_rank1" and local_rank == 1 else 0.0
     weight_decay = 0.05 if args.bug == "weight_decay_rank0" and local_rank <= 0 else 0.0
     training_args = TrainingArguments(
         output_dir=args.output_dir or os.path.join(args.final_dir or ".", "hf_out"),
-        use_cpu=True, ddp_backend="gloo", max_steps=args.steps, per_device_train_batch_size=16,
-        learning_rate=1e-3, weight_decay=weight_decay, label_smoothing_factor=smoothing,
-        logging_steps=1, save_strategy="no", report_to=[], seed=0, dataloader_num_workers=0,
+        use_cpu=True,
+        ddp_backend="gloo",
+        max_steps=args.steps,
+        per_device_train_batch_size=16,
+        learning_rate=1e-3,
+        weight_decay=weight_decay,
+        label_smoothing_factor=smoothing,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=0,
+        dataloader_num_workers=0,
         disable_tqdm=True,
     )
     callbacks = []

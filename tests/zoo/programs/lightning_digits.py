@@ -39,8 +39,12 @@ class DigitClassifier(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Dropout(0.25),
-            nn.Flatten(), nn.Linear(16 * 8 * 8, 10),
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.Dropout(0.25),
+            nn.Flatten(),
+            nn.Linear(16 * 8 * 8, 10),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -94,9 +98,16 @@ def main() -> None:
 
         callbacks.append(SyncDoctorCallback(args.syncdoctor, check_every=args.check_every))
     trainer = L.Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_steps=args.steps, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        use_distributed_sampler=args.bug != "no_dist_sampler", callbacks=callbacks,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_steps=args.steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=args.bug != "no_dist_sampler",
+        callbacks=callbacks,
     )
     model = DigitClassifier(bug=args.bug)
     trainer.fit(model, loader)

@@ -93,18 +93,14 @@ class _EventStore:
             self.tail.setdefault(key, deque(maxlen=EVENTS_TAIL)).append(item)
 
     def events(self) -> list[tuple[int, Event]]:
-        items = [it for h in self.head.values() for it in h] + [
-            it for t in self.tail.values() for it in t
-        ]
+        items = [it for h in self.head.values() for it in h] + [it for t in self.tail.values() for it in t]
         items.sort(key=lambda it: (it[0], it[1]))
         return [(f, e) for f, _, e in items]
 
     def dropped(self) -> list[str]:
         out = []
         for (kind, rank, benign), n in sorted(self.total.items(), key=lambda kv: str(kv[0])):
-            kept = len(self.head.get((kind, rank, benign), ())) + len(
-                self.tail.get((kind, rank, benign), ())
-            )
+            kept = len(self.head.get((kind, rank, benign), ())) + len(self.tail.get((kind, rank, benign), ()))
             if n > kept:
                 who = "unknown rank" if rank is None else f"rank {rank}"
                 what = f"benign {kind}" if benign else kind
@@ -240,22 +236,14 @@ class _FileReader:
             self.year_hint = year
         return t
 
-    def _add_loss(
-        self, p: LossPoint, prefix_rank: int | None, line_no: int, t: float | None
-    ) -> None:
+    def _add_loss(self, p: LossPoint, prefix_rank: int | None, line_no: int, t: float | None) -> None:
         # A launcher prefix is the most reliable, then the line's own rank field,
         # then the file name.
-        rank = (
-            prefix_rank
-            if prefix_rank is not None
-            else p.rank
-            if p.rank is not None
-            else self.log.rank
-        )
+        rank = prefix_rank if prefix_rank is not None else p.rank if p.rank is not None else self.log.rank
         self.rows.append(
             (
-                rank,
-                p.step,
+                _int64_or_none(rank),
+                _int64_or_none(p.step),
                 p.loss,
                 p.epoch,
                 p.lr,
@@ -389,6 +377,11 @@ def _read_trainer_state(log: LogFile, index: int, warnings: list[str]) -> pl.Dat
     return frame
 
 
+def _int64_or_none(value: int | None) -> int | None:
+    """A rank or step as the Int64 columns hold it: a number past int64 is junk, not a rank."""
+    return value if value is None or -(2**63) <= value < 2**63 else None
+
+
 def _int_or_none(value: object) -> int | None:
     return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
@@ -490,9 +483,7 @@ def ingest_logs(paths: Sequence[str | os.PathLike[str]]) -> LogData:
                 continue
         except OSError as exc:
             # includes gzip.BadGzipFile; keep what was read before the error
-            warnings.append(
-                f"{log.source}: read error after line {reader.lines_read}: {exc.strerror or exc}"
-            )
+            warnings.append(f"{log.source}: read error after line {reader.lines_read}: {exc.strerror or exc}")
         except (EOFError, zlib.error) as exc:
             warnings.append(f"{log.source}: truncated or corrupt compressed log ({exc})")
         read.append(log.source)

@@ -120,9 +120,7 @@ RULES: tuple[Rule, ...] = (
         "nccl_info_comm",
         "info",
         ("nccl info",),
-        _re(
-            r"NCCL INFO (?:.{0,400}?\bcomm 0x[0-9a-f]+ rank (?P<inrank>\d+) nranks \d+|NCCL version|Using network)"
-        ),
+        _re(r"NCCL INFO (?:.{0,400}?\bcomm 0x[0-9a-f]+ rank (?P<inrank>\d+) nranks \d+|NCCL version|Using network)"),
         benign=True,
     ),
     Rule("nccl_info_other", None, ("nccl info",)),  # channels, rings, trees: set-up chatter
@@ -186,8 +184,14 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "rendezvous_unreachable",
         "configuration",
-        ("trying to connect to", "failed to connect to", "rendezvousconnectionerror",
-         "no socket interface found", "name does not resolve", "can't resolve"),
+        (
+            "trying to connect to",
+            "failed to connect to",
+            "rendezvousconnectionerror",
+            "no socket interface found",
+            "name does not resolve",
+            "can't resolve",
+        ),
     ),
     Rule(
         "timeout",
@@ -207,9 +211,7 @@ RULES: tuple[Rule, ...] = (
         _re(r"failed \(exitcode: -?\d+\) local_rank: (?P<rank>\d+)"),
     ),
     Rule("torchrun_block", "exit", ("exitcode",), _re(r"^\s*exitcode\s*:\s*-?\d+")),
-    Rule(
-        "torchrun_sigterm", "exit", ("closing signal",), _re(r"Sending process \d+ closing signal")
-    ),
+    Rule("torchrun_sigterm", "exit", ("closing signal",), _re(r"Sending process \d+ closing signal")),
     Rule(
         "srun_task_exit",
         "exit",
@@ -347,9 +349,7 @@ RULES: tuple[Rule, ...] = (
         "exit_code",
         "exit",
         ("exit",),
-        _re(
-            r"exit(?:ed)?(?: with)?(?: exit)?\s*(?:code|status)\s*[:=]?\s*-?\d+|exitcode\s*[:=]\s*-?\d+"
-        ),
+        _re(r"exit(?:ed)?(?: with)?(?: exit)?\s*(?:code|status)\s*[:=]?\s*-?\d+|exitcode\s*[:=]\s*-?\d+"),
     ),
 )
 
@@ -433,10 +433,7 @@ def read_torchrun_block(context: list[tuple[int, str]], anchor_line: int) -> Blo
     ordered = sorted(fields.values())
     return BlockInfo(
         lines=[line for line, _ in ordered],
-        raw="; ".join(
-            f"{name}: {value}"
-            for name, (_, value) in sorted(fields.items(), key=lambda kv: kv[1][0])
-        ),
+        raw="; ".join(f"{name}: {value}" for name, (_, value) in sorted(fields.items(), key=lambda kv: kv[1][0])),
         rank=int(rank_match.group(1)) if rank_match else None,
         host=fields.get("host", (0, None))[1] or None,
         time_text=fields.get("time", (0, None))[1],

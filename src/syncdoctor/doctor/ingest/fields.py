@@ -12,11 +12,12 @@ from dataclasses import dataclass
 #   [default0]: ...           torchrun --tee / --redirects (role "default", local rank 0)
 #   [rank0]: ...              torch >= 2.2 prefixes its own C++/Python errors
 #   (RayTrainWorker pid=615, ip=10.72.7.6) ...   Ray workers (host only)
-_MPI_PREFIX = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>:\s?")
+# A rank has at most 7 digits: a longer number is not a rank (and overflows int64 columns).
+_MPI_PREFIX = re.compile(r"\[\d+,(\d{1,7})\]<std(?:out|err)>:\s?")
 # Role names are a closed list: "[step10]: ..." is a user's print, not a launcher tag.
-_ROLE_PREFIX = re.compile(r"\[(rank|default|worker|trainer|proc|process)(\d+)\]:\s?")
+_ROLE_PREFIX = re.compile(r"\[(rank|default|worker|trainer|proc|process)(\d{1,7})\]:\s?")
 # torch's "[rankN]:" may come after a timestamp added by a log collector.
-_RANK_PREFIX_ANYWHERE = re.compile(r"\[rank(\d+)\]:\s?")
+_RANK_PREFIX_ANYWHERE = re.compile(r"\[rank(\d{1,7})\]:\s?")
 _RAY_PREFIX = re.compile(r"\((?:\w+ )?pid=\d+(?:, ip=([\w.:-]+))?\)\s?")
 # srun --label: "3: text". Only trusted when most of a file's lines carry it.
 SRUN_PREFIX = re.compile(r"\s*(\d{1,5}): ")
@@ -117,17 +118,8 @@ def parse_time(text: str, year_hint: int | None) -> tuple[float | None, int | No
     return None, None
 
 
-def _to_unix(
-    year: int, month: int, day: int, hh: int, mm: int, ss: int, frac: float
-) -> float | None:
-    if not (
-        1970 <= year <= 2200
-        and 1 <= month <= 12
-        and 1 <= day <= 31
-        and hh < 24
-        and mm < 60
-        and ss <= 60
-    ):
+def _to_unix(year: int, month: int, day: int, hh: int, mm: int, ss: int, frac: float) -> float | None:
+    if not (1970 <= year <= 2200 and 1 <= month <= 12 and 1 <= day <= 31 and hh < 24 and mm < 60 and ss <= 60):
         return None
     return calendar.timegm((year, month, day, hh, mm, ss, 0, 0, 0)) + frac
 

@@ -23,9 +23,7 @@ SNIFF_BYTES = 8192
 # train.log.1, worker.3) or no extension at all (stdout, stderr) counts too.
 _LOG_EXTS = {".log", ".txt", ".out", ".err", ".stdout", ".stderr", ".jsonl", ".trace"}
 _NUMERIC_TAIL = re.compile(r"\.(?:log|txt|out|err)?[._-]?\d+$", re.IGNORECASE)
-_BARE_LOG_NAME = re.compile(
-    r"std(?:out|err)|out|err|log|rank|worker|node|train|device|^\d+$", re.IGNORECASE
-)
+_BARE_LOG_NAME = re.compile(r"std(?:out|err)|out|err|log|rank|worker|node|train|device|^\d+$", re.IGNORECASE)
 _SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", "checkpoints", "ckpt"}
 HF_TRAINER_STATE = "trainer_state.json"
 
@@ -41,9 +39,7 @@ _NAME_RANK = (
     re.compile(
         r"(?:^|[^a-z])(?:worker|device|npu|gpu|proc|process)[._-]?(\d{1,5})(?![\d])", re.IGNORECASE
     ),  # worker_0.log, device3/
-    re.compile(
-        r"(?:^|[^a-z])log[_-](\d{1,5})(?![\d])", re.IGNORECASE
-    ),  # train_log_1.txt, log_2.txt
+    re.compile(r"(?:^|[^a-z])log[_-](\d{1,5})(?![\d])", re.IGNORECASE),  # train_log_1.txt, log_2.txt
 )
 _ATTEMPT_DIR = re.compile(r"^attempt_\d+$")
 _HOST = re.compile(r"(?:^|[^a-z])((?:node|host)[._-]?\d+)", re.IGNORECASE)
@@ -176,9 +172,7 @@ def discover(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[LogFile], li
             here = Path(dirpath)
             # The probe's records are read by the records reader, not as logs.
             dirnames[:] = [
-                d
-                for d in dirnames
-                if not d.startswith(".") and d not in _SKIP_DIRS and not _is_probe_records(here / d)
+                d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS and not _is_probe_records(here / d)
             ]
             for name in filenames:
                 child = here / name

@@ -151,11 +151,7 @@ def _to_float(text: str) -> float:
         return float(text)
     except ValueError:  # "Infinity" variants float() does not know
         low = text.lower()
-        return (
-            -math.inf
-            if low.startswith("-") and "inf" in low
-            else (math.inf if "inf" in low else math.nan)
-        )
+        return -math.inf if low.startswith("-") and "inf" in low else (math.inf if "inf" in low else math.nan)
 
 
 @dataclass
@@ -235,11 +231,7 @@ def _structure(body: str) -> list[_Spec]:
         fields.append(("step", mm.span(1), None))  # the total is the run's, not an epoch's
     elif counter := _COUNTER.search(body):
         fields.append(("step", counter.span(1), counter.span(2)))
-    fields.extend(
-        (name, *found[name])
-        for name in ("epoch", "lr", "grad_norm", "acc", "rank")
-        if name in found
-    )
+    fields.extend((name, *found[name]) for name in ("epoch", "lr", "grad_norm", "acc", "rank") if name in found)
     return [_Spec(fmt, tuple(fields))]
 
 
@@ -421,7 +413,7 @@ def split_records(body: str) -> list[str]:
     word = head.group(1)
     tags = {m.end(): m.start() for m in _MIDLINE_TAG.finditer(body, head.end())}
     cuts = set(tags.values())
-    for m in re.finditer(re.escape(word) + r"\b", body[head.end():]):
+    for m in re.finditer(re.escape(word) + r"\b", body[head.end() :]):
         at = head.end() + m.start()
         # the word must start a record: glued to a number, or after a tag
         if at in tags:

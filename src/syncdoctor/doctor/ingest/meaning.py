@@ -15,22 +15,25 @@ from dataclasses import dataclass
 
 from syncdoctor.doctor.model import Event
 
-_DUPLICATE_GPU = re.compile(r"Duplicate GPU detected\s*:\s*rank (\d+) and rank (\d+) both on CUDA device (\w+)",
-                            re.IGNORECASE)
+_DUPLICATE_GPU = re.compile(
+    r"Duplicate GPU detected\s*:\s*rank (\d+) and rank (\d+) both on CUDA device (\w+)", re.IGNORECASE
+)
 _MISSING = re.compile(r"\[missing ranks:\s*([\d,\s]+)\]", re.IGNORECASE)
 _READY = re.compile(r"\[ready ranks:\s*([\d,\s]+)\]", re.IGNORECASE)
 _NO_GRAD = re.compile(r"did not receive grad for rank (\d+)", re.IGNORECASE)
 _MISMATCH_RANKS = re.compile(r"Rank (\d+) is running (?:inconsistent )?collective", re.IGNORECASE)
 _PEER_CLOSED = re.compile(r"Connection closed by localRank (\d+)", re.IGNORECASE)
-_SCALE_FROM_TO = re.compile(r"(?:loss scale|scale)\s*:?\s*([\d.eE+]+),?\s*(?:but hysteresis.*|reducing to\s*([\d.eE+]+))",
-                            re.IGNORECASE)
+_SCALE_FROM_TO = re.compile(
+    r"(?:loss scale|scale)\s*:?\s*([\d.eE+]+),?\s*(?:but hysteresis.*|reducing to\s*([\d.eE+]+))", re.IGNORECASE
+)
 _SCALE_TO = re.compile(r"(?:reducing loss scale to|loss scale adjust to|reducing to)\s*([\d.eE+]+)", re.IGNORECASE)
 _SKIP_COUNTER = re.compile(r"\bstep=(\d+), skipped=(\d+)")
 _WORKER_EXIT = re.compile(r"worker(?: process \d+)? exits? with exception|kill all other workers", re.IGNORECASE)
 # A process ended by a signal. SIGABRT (-6) is left out: under torch it is the NCCL
 # watchdog tearing a process down after a collective timed out, a consequence.
-_SIGNAL_EXIT = re.compile(r"exitcode\s*:\s*-(?!6\b)\d+|signal (?!6\b)\d+ \(SIG\w+\) received|killed by signal",
-                          re.IGNORECASE)
+_SIGNAL_EXIT = re.compile(
+    r"exitcode\s*:\s*-(?!6\b)\d+|signal (?!6\b)\d+ \(SIG\w+\) received|killed by signal", re.IGNORECASE
+)
 
 
 def duplicate_device(raw: str) -> tuple[int, int, str] | None:
@@ -111,8 +114,11 @@ def _float(text: str) -> float | None:
 def launcher_failures(events: list[Event]) -> list[Event]:
     """Exit events that say a process died: a peer's closed connection, a worker's
     exception reported by msrun, a signal reported by torchrun/mpirun."""
-    return [e for e in events if e.kind == "exit" and not e.benign
-            and (peer_closed(e.raw) is not None or worker_failed(e.raw))]
+    return [
+        e
+        for e in events
+        if e.kind == "exit" and not e.benign and (peer_closed(e.raw) is not None or worker_failed(e.raw))
+    ]
 
 
 def _precedes(a: Event, b: Event) -> bool:

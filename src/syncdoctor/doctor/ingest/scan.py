@@ -170,9 +170,7 @@ def _split_lines(block: bytes) -> pl.DataFrame:
     except Exception:  # noqa: BLE001 - any reader failure falls back to the slow path
         text = block.decode("utf-8", errors="replace")
         rows = text.split("\n")[:-1]  # blocks end with "\n"
-        return pl.DataFrame(
-            {"l": [r.removesuffix("\r") or None for r in rows]}, schema={"l": pl.String}
-        )
+        return pl.DataFrame({"l": [r.removesuffix("\r") or None for r in rows]}, schema={"l": pl.String})
 
 
 _Scanned = tuple[pl.DataFrame, list[int], list[str], list[bool], list[int]]

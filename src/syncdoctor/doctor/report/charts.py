@@ -37,15 +37,25 @@ MAX_ROWS = 256  # rows of a rank × step grid
 MARKER_POINTS = 60  # a series this short also gets a dot per point
 CLIP = 1e300
 
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf")
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 # Agreement states, worst last: a rank bin shows the worst state of its ranks.
 NO_CHECK, AGREED, MISSING, PARTED = 0, 1, 2, 3
-STATE_RGB = {NO_CHECK: (255, 255, 255), AGREED: (76, 175, 80), MISSING: (176, 182, 192),
-             PARTED: (211, 47, 47)}
+STATE_RGB = {NO_CHECK: (255, 255, 255), AGREED: (76, 175, 80), MISSING: (176, 182, 192), PARTED: (211, 47, 47)}
 # Viridis at nine stops, interpolated.
-_VIRIDIS = np.array([(68, 1, 84), (71, 44, 122), (59, 81, 139), (44, 113, 142), (33, 144, 141),
-                     (39, 173, 129), (92, 200, 99), (170, 220, 50), (253, 231, 37)], float)
+_VIRIDIS = np.array(
+    [
+        (68, 1, 84),
+        (71, 44, 122),
+        (59, 81, 139),
+        (44, 113, 142),
+        (33, 144, 141),
+        (39, 173, 129),
+        (92, 200, 99),
+        (170, 220, 50),
+        (253, 231, 37),
+    ],
+    float,
+)
 
 
 def _f(x: float) -> str:
@@ -78,8 +88,11 @@ class Scale:
         if self.log:
             first, last = math.floor(self.lo), math.ceil(self.hi)
             every = max(1, math.ceil((last - first) / n))
-            return [(10.0 ** e, _fmt_tick(10.0 ** e)) for e in range(first, last + 1, every)
-                    if self.lo - 1e-9 <= e <= self.hi + 1e-9]
+            return [
+                (10.0**e, _fmt_tick(10.0**e))
+                for e in range(first, last + 1, every)
+                if self.lo - 1e-9 <= e <= self.hi + 1e-9
+            ]
         span = self.hi - self.lo
         raw = span / n
         mag = 10 ** math.floor(math.log10(raw))
@@ -186,18 +199,23 @@ def band_path(xs: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> str:
 
 
 def svg_open(height: int = HEIGHT, label: str = "") -> str:
-    return (f'<svg class="chart" viewBox="0 0 {WIDTH} {height}" role="img" '
-            f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">')
+    return (
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {height}" role="img" '
+        f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">'
+    )
 
 
 def x_axis(scale: Scale, y: float, title: str = "step") -> str:
     parts = [f'<line class="axis" x1="{LEFT}" y1="{_f(y)}" x2="{WIDTH - RIGHT}" y2="{_f(y)}"/>']
     for v, label in scale.ticks(integer=True):
         x = float(scale.px(v))
-        parts.append(f'<line class="tick" x1="{_f(x)}" y1="{_f(y)}" x2="{_f(x)}" y2="{_f(y + 4)}"/>'
-                     f'<text class="tl" x="{_f(x)}" y="{_f(y + 16)}" text-anchor="{_anchor(x)}">{escape(label)}</text>')
-    parts.append(f'<text class="at" x="{LEFT + PLOT_W / 2:.0f}" y="{_f(y + 33)}" '
-                 f'text-anchor="middle">{escape(title)}</text>')
+        parts.append(
+            f'<line class="tick" x1="{_f(x)}" y1="{_f(y)}" x2="{_f(x)}" y2="{_f(y + 4)}"/>'
+            f'<text class="tl" x="{_f(x)}" y="{_f(y + 16)}" text-anchor="{_anchor(x)}">{escape(label)}</text>'
+        )
+    parts.append(
+        f'<text class="at" x="{LEFT + PLOT_W / 2:.0f}" y="{_f(y + 33)}" text-anchor="middle">{escape(title)}</text>'
+    )
     return "".join(parts)
 
 
@@ -214,8 +232,9 @@ def y_axis(scale: Scale, title: str, grid: bool = True) -> str:
             parts.append(f'<line class="grid" x1="{LEFT}" y1="{_f(y)}" x2="{WIDTH - RIGHT}" y2="{_f(y)}"/>')
         parts.append(f'<text class="tl" x="{LEFT - 6}" y="{_f(y + 4)}" text-anchor="end">{escape(label)}</text>')
     mid = (scale.p0 + scale.p1) / 2
-    parts.append(f'<text class="at" transform="translate(14 {_f(mid)}) rotate(-90)" '
-                 f'text-anchor="middle">{escape(title)}</text>')
+    parts.append(
+        f'<text class="at" transform="translate(14 {_f(mid)}) rotate(-90)" text-anchor="middle">{escape(title)}</text>'
+    )
     parts.append(f'<line class="axis" x1="{LEFT}" y1="{_f(scale.p1)}" x2="{LEFT}" y2="{_f(scale.p0)}"/>')
     return "".join(parts)
 
@@ -229,14 +248,20 @@ def png_data_uri(rgb: np.ndarray) -> str:
         body = kind + data
         return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
 
-    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", cols, rows, 8, 2, 0, 0, 0))
-           + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", cols, rows, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw, 9))
+        + chunk(b"IEND", b"")
+    )
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 def raster(rgb: np.ndarray, x: float, y: float, w: float, h: float) -> str:
-    return (f'<image x="{_f(x)}" y="{_f(y)}" width="{_f(w)}" height="{_f(h)}" preserveAspectRatio="none" '
-            f'style="image-rendering:pixelated" href="{png_data_uri(rgb)}"/>')
+    return (
+        f'<image x="{_f(x)}" y="{_f(y)}" width="{_f(w)}" height="{_f(h)}" preserveAspectRatio="none" '
+        f'style="image-rendering:pixelated" href="{png_data_uri(rgb)}"/>'
+    )
 
 
 def viridis(t: np.ndarray) -> np.ndarray:

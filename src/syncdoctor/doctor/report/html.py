@@ -50,8 +50,18 @@ _MAX_EVENT_ROWS = 200
 _MAX_SPAN_ROWS = 40
 # Events drawn on the step axis: communication and process trouble. The probe's own
 # mismatch lines ("syncdoctor: ... mismatch at step 50") are the timeline's business.
-_MARKED_KINDS = {"timeout", "retry", "watchdog", "network", "crash", "oom", "exception", "signal",
-                 "exit", "configuration"}
+_MARKED_KINDS = {
+    "timeout",
+    "retry",
+    "watchdog",
+    "network",
+    "crash",
+    "oom",
+    "exception",
+    "signal",
+    "exit",
+    "configuration",
+}
 _STEP_IN_TEXT = re.compile(r"\bat step (\d{1,12})\b")
 
 _SHAPE_CLASS = {
@@ -71,10 +81,15 @@ _VERDICT_CLASS = {
     "not_sync_problem": "warn",
     "inconclusive": "info",
 }
-_STATUS_CLASS = {"ok": "ok", "ended early": "warn", "missing": "warn", "stalled": "warn", "not averaged": "warn",
-                 "disagrees": "warn"}
-CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
-       "base-uri 'none'; form-action 'none'")
+_STATUS_CLASS = {
+    "ok": "ok",
+    "ended early": "warn",
+    "missing": "warn",
+    "stalled": "warn",
+    "not averaged": "warn",
+    "disagrees": "warn",
+}
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
 
 def render_html(diag: Diagnosis, title: str = "syncdoctor report") -> str:
@@ -122,11 +137,16 @@ def _header(diag: Diagnosis, title: str) -> str:
     verdict = VERDICT_TEXT.get(diag.verdict, str(diag.verdict))
     div = ""
     if diag.divergence_step is not None:
-        last = (f"the last check where all ranks agreed: step {_e(diag.last_agree_step)}; "
-                if diag.last_agree_step is not None else "")
-        div = (f"<p>Replicas parted <b>{_e(bracket_text(diag))}</b> "
-               f'<span class="detail">({last}the first where they differed: step '
-               f"{_e(diag.divergence_step)})</span>.</p>")
+        last = (
+            f"the last check where all ranks agreed: step {_e(diag.last_agree_step)}; "
+            if diag.last_agree_step is not None
+            else ""
+        )
+        div = (
+            f"<p>Replicas parted <b>{_e(bracket_text(diag))}</b> "
+            f'<span class="detail">({last}the first where they differed: step '
+            f"{_e(diag.divergence_step)})</span>.</p>"
+        )
     facts = []
     if diag.world_size:
         facts.append(f"{diag.world_size} rank{'s' if diag.world_size != 1 else ''}")
@@ -198,8 +218,11 @@ def _table(headers: list[str], rows: list[list[str]], caption: str = "", cls: li
     classes = cls or [""] * len(headers)
     head = "".join(f'<th class="{c}">{h}</th>' if c else f"<th>{h}</th>" for h, c in zip(headers, classes, strict=True))
     body = "".join(
-        "<tr>" + "".join(f'<td class="{c}">{v}</td>' if c else f"<td>{v}</td>" for v, c in zip(row, classes, strict=True))
-        + "</tr>" for row in rows)
+        "<tr>"
+        + "".join(f'<td class="{c}">{v}</td>' if c else f"<td>{v}</td>" for v, c in zip(row, classes, strict=True))
+        + "</tr>"
+        for row in rows
+    )
     cap = f"<caption>{caption}</caption>" if caption else ""
     return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
@@ -231,7 +254,8 @@ def _ranks_section(diag: Diagnosis) -> str:
             ]
         )
     norm = {"local": "grad norm (own, median)", "reduced": "grad norm (reduced, median)"}.get(
-        diag.grad_norm_kind, "grad norm")
+        diag.grad_norm_kind, "grad norm"
+    )
     headers = ["rank", "steps", "last loss", "mean loss", norm, "shape", "status", "note"]
     cls = ["num", "num", "num", "num", "num", "nowrap", "nowrap", ""]
     return f'<section id="ranks"><h2>Per rank</h2>{_table(headers, rows, cls=cls)}</section>'
@@ -327,15 +351,16 @@ def _highlighted(diag: Diagnosis) -> list[int]:
     for r in marked:
         if r not in seen:
             seen.append(r)
-    return seen[:ch.MAX_HIGHLIGHT]
+    return seen[: ch.MAX_HIGHLIGHT]
 
 
 def _charts_section(diag: Diagnosis) -> str:
     loss = _series_arrays(diag.loss_series)
     grad = _series_arrays(diag.grad_norm_series)
     span_steps = [s for a in diag.agreement for s in (a.first_step, a.last_step)]
-    domain = ch.step_domain([s for s, _ in chain(loss.values(), grad.values())],
-                            [*span_steps, diag.divergence_step, diag.last_agree_step])
+    domain = ch.step_domain(
+        [s for s, _ in chain(loss.values(), grad.values())], [*span_steps, diag.divergence_step, diag.last_agree_step]
+    )
     xs = ch.Scale(domain[0], domain[1], ch.LEFT, ch.WIDTH - ch.RIGHT)
     parts = ['<section id="charts"><h2>Charts</h2>']
     parts.append(_agreement_chart(diag, xs))
@@ -365,13 +390,17 @@ def _bracket_svg(diag: Diagnosis, xs: ch.Scale, top: float, bottom: float) -> st
     parts = []
     if diag.last_agree_step is not None:
         x0 = float(xs.px(diag.last_agree_step))
-        parts.append(f'<rect class="bracket" x="{ch._f(x0)}" y="{ch._f(top)}" width="{ch._f(max(x1 - x0, 2))}" '
-                     f'height="{ch._f(bottom - top)}"><title>replicas parted {escape(bracket_text(diag))}</title></rect>')
+        parts.append(
+            f'<rect class="bracket" x="{ch._f(x0)}" y="{ch._f(top)}" width="{ch._f(max(x1 - x0, 2))}" '
+            f'height="{ch._f(bottom - top)}"><title>replicas parted {escape(bracket_text(diag))}</title></rect>'
+        )
     parts.append(f'<line class="div" x1="{ch._f(x1)}" y1="{ch._f(top)}" x2="{ch._f(x1)}" y2="{ch._f(bottom)}"/>')
     anchor = "end" if x1 > ch.LEFT + ch.PLOT_W * 0.6 else "start"
     dx = -4 if anchor == "end" else 4
-    parts.append(f'<text class="divl" x="{ch._f(x1 + dx)}" y="{ch._f(top - 6)}" text-anchor="{anchor}">'
-                 f"replicas parted {escape(bracket_text(diag))}</text>")
+    parts.append(
+        f'<text class="divl" x="{ch._f(x1 + dx)}" y="{ch._f(top - 6)}" text-anchor="{anchor}">'
+        f"replicas parted {escape(bracket_text(diag))}</text>"
+    )
     return "".join(parts)
 
 
@@ -379,9 +408,12 @@ def _agreement_chart(diag: Diagnosis, xs: ch.Scale) -> str:
     title = "<h3>Replica agreement: each check of the parameters across ranks</h3>"
     spans = diag.agreement
     if not spans:
-        why = ("one rank: nothing to compare it with" if (diag.world_size or 0) == 1 else
-               "no probe records with parameter fingerprints: the replicas were not compared "
-               "(run the job under <code>syncdoctor run</code> to get this)")
+        why = (
+            "one rank: nothing to compare it with"
+            if (diag.world_size or 0) == 1
+            else "no probe records with parameter fingerprints: the replicas were not compared "
+            "(run the job under <code>syncdoctor run</code> to get this)"
+        )
         return f'{title}<p class="detail" id="sd-agreement-none">{why}.</p>'
     ranks = [r.rank for r in diag.ranks] or list(range(diag.world_size or 1))
     index = {r: i for i, r in enumerate(ranks)}
@@ -408,47 +440,70 @@ def _agreement_chart(diag: Diagnosis, xs: ch.Scale) -> str:
     rgb = np.zeros((rows, ch.PLOT_W, 3), np.uint8)
     for code, colour in ch.STATE_RGB.items():
         rgb[grid == code] = colour
-    svg = [ch.svg_open(height, "replica agreement per check, rank by step"),
-           f'<rect class="frame" x="{ch.LEFT}" y="{top}" width="{ch.PLOT_W}" height="{ch._f(grid_h)}"/>',
-           ch.raster(rgb, ch.LEFT, top, ch.PLOT_W, grid_h),
-           ch.rank_labels(ranks, per_row, top, row_h),
-           f'<text class="at" transform="translate(14 {ch._f(top + grid_h / 2)}) rotate(-90)" '
-           f'text-anchor="middle">rank</text>',
-           _bracket_svg(diag, xs, top, top + grid_h),
-           ch.x_axis(xs, top + grid_h),
-           "</svg>"]
+    svg = [
+        ch.svg_open(height, "replica agreement per check, rank by step"),
+        f'<rect class="frame" x="{ch.LEFT}" y="{top}" width="{ch.PLOT_W}" height="{ch._f(grid_h)}"/>',
+        ch.raster(rgb, ch.LEFT, top, ch.PLOT_W, grid_h),
+        ch.rank_labels(ranks, per_row, top, row_h),
+        f'<text class="at" transform="translate(14 {ch._f(top + grid_h / 2)}) rotate(-90)" '
+        f'text-anchor="middle">rank</text>',
+        _bracket_svg(diag, xs, top, top + grid_h),
+        ch.x_axis(xs, top + grid_h),
+        "</svg>",
+    ]
     binned = f" (rows of {per_row} ranks: a row is red when any of its ranks parted)" if per_row > 1 else ""
-    legend = _legend([("band", "#4caf50", "agreed with the majority"),
-                      ("band", "#d32f2f", "parted from it (or, without a majority, every side of the split)"),
-                      ("band", "#b0b6c0", "did not report"), ("band", "#ffffff", "before the first check")])
+    legend = _legend(
+        [
+            ("band", "#4caf50", "agreed with the majority"),
+            ("band", "#d32f2f", "parted from it (or, without a majority, every side of the split)"),
+            ("band", "#b0b6c0", "did not report"),
+            ("band", "#ffffff", "before the first check"),
+        ]
+    )
     return title + "".join(svg) + legend + _span_table(spans, binned)
 
 
 def _span_table(spans: list[AgreementSpan], binned: str) -> str:
-    shown = spans if len(spans) <= _MAX_SPAN_ROWS else spans[: _MAX_SPAN_ROWS // 2] + spans[-_MAX_SPAN_ROWS // 2:]
+    shown = spans if len(spans) <= _MAX_SPAN_ROWS else spans[: _MAX_SPAN_ROWS // 2] + spans[-_MAX_SPAN_ROWS // 2 :]
     rows = []
     for s in shown:
         steps = f"{s.first_step}" if s.first_step == s.last_step else f"{s.first_step}–{s.last_step}"
         if s.parted:
             who = fmt_ranks(s.parted)
             if s.no_majority:
-                outcome = (f'<span class="st bad">{_e(who)} disagree</span>: no majority of the {s.ranks} '
-                           "says which side is right")
+                outcome = (
+                    f'<span class="st bad">{_e(who)} disagree</span>: no majority of the {s.ranks} '
+                    "says which side is right"
+                )
             else:
-                outcome = (f'<span class="st bad">{_e(who)} parted</span> from the other '
-                           f"{s.ranks - len(s.parted)} of {s.ranks}")
+                outcome = (
+                    f'<span class="st bad">{_e(who)} parted</span> from the other '
+                    f"{s.ranks - len(s.parted)} of {s.ranks}"
+                )
         else:
             outcome = f'<span class="st ok">all {s.ranks} agreed</span>'
         if s.missing:
             who = fmt_ranks(s.missing)
             outcome += f'; <span class="st warn">{_e(who)} did not report</span>'
-        rows.append([_e(steps), _e(s.checks), outcome, _e(", ".join(s.what), limit=200),
-                     f"<code>{_e(s.tensor, limit=200)}</code>" if s.tensor else ""])
+        rows.append(
+            [
+                _e(steps),
+                _e(s.checks),
+                outcome,
+                _e(", ".join(s.what), limit=200),
+                f"<code>{_e(s.tensor, limit=200)}</code>" if s.tensor else "",
+            ]
+        )
     cut = len(spans) - len(shown)
-    caption = (f"{len(spans)} run{'s' if len(spans) != 1 else ''} of checks with the same outcome{binned}"
-               + (f"; {cut} in the middle left out (all in the JSON output)" if cut else ""))
-    return _table(["steps", "checks", "outcome", "what differed", "first differing tensor"], rows, caption,
-                  cls=["nowrap", "num", "", "", ""])
+    caption = f"{len(spans)} run{'s' if len(spans) != 1 else ''} of checks with the same outcome{binned}" + (
+        f"; {cut} in the middle left out (all in the JSON output)" if cut else ""
+    )
+    return _table(
+        ["steps", "checks", "outcome", "what differed", "first differing tensor"],
+        rows,
+        caption,
+        cls=["nowrap", "num", "", "", ""],
+    )
 
 
 def _loss_chart(diag: Diagnosis, loss: dict[int, tuple[np.ndarray, np.ndarray]], xs: ch.Scale) -> str:
@@ -463,8 +518,12 @@ def _loss_chart(diag: Diagnosis, loss: dict[int, tuple[np.ndarray, np.ndarray]],
         band, median = _envelope(loss, xs)
         cols_x = ch.LEFT + np.arange(ch.PLOT_W) + 0.5
         lo_px, hi_px = ys.px(band[0]), ys.px(band[1])
-        parts.append(f'<path class="band" d="{ch.band_path(cols_x, lo_px, hi_px)}"><title>min–max over {n} ranks</title></path>')
-        parts.append(f'<path class="median" d="{ch.polyline_path(cols_x, ys.px(median))}"><title>median rank</title></path>')
+        parts.append(
+            f'<path class="band" d="{ch.band_path(cols_x, lo_px, hi_px)}"><title>min–max over {n} ranks</title></path>'
+        )
+        parts.append(
+            f'<path class="median" d="{ch.polyline_path(cols_x, ys.px(median))}"><title>median rank</title></path>'
+        )
         legend += [("band", "#9ecae1", f"min–max over all {n} ranks"), ("line", "#08519c", "median over ranks")]
         drawn = [r for r in _highlighted(diag) if r in loss]
     else:
@@ -479,11 +538,17 @@ def _loss_chart(diag: Diagnosis, loss: dict[int, tuple[np.ndarray, np.ndarray]],
             x, y = downsample(steps, ch.finite_clipped(values), 2 * ch.PLOT_W)
             px, py = xs.px(x), ys.px(y)
         cls = "line hl" if envelope else "line"
-        parts.append(f'<path class="{cls}" stroke="{colour}" d="{ch.polyline_path(px, py)}"><title>rank {rank}</title></path>')
+        parts.append(
+            f'<path class="{cls}" stroke="{colour}" d="{ch.polyline_path(px, py)}"><title>rank {rank}</title></path>'
+        )
         if steps.size <= ch.MARKER_POINTS:
             ok = np.isfinite(px) & np.isfinite(py)
-            parts.append("".join(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.5" fill="{colour}"/>'
-                                 for a, b in zip(px[ok], py[ok], strict=True)))
+            parts.append(
+                "".join(
+                    f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.5" fill="{colour}"/>'
+                    for a, b in zip(px[ok], py[ok], strict=True)
+                )
+            )
         legend.append(("line", colour, f"rank {rank}" + (" (singled out; its mean per column)" if envelope else "")))
     parts.append(_event_marks(diag.events, xs, top))
     parts.append(ch.x_axis(xs, bottom))
@@ -496,7 +561,9 @@ def _loss_chart(diag: Diagnosis, loss: dict[int, tuple[np.ndarray, np.ndarray]],
     return f"<h3>Loss per rank: {kind}{note}</h3>" + "".join(parts) + _legend(legend)
 
 
-def _envelope(loss: dict[int, tuple[np.ndarray, np.ndarray]], xs: ch.Scale) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+def _envelope(
+    loss: dict[int, tuple[np.ndarray, np.ndarray]], xs: ch.Scale
+) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
     """Per pixel column: the minimum and maximum over every rank, and the median of
     the ranks' column means."""
     lo = np.full(ch.PLOT_W, np.inf)
@@ -533,7 +600,12 @@ def _column_mean(steps: np.ndarray, values: np.ndarray, xs: ch.Scale) -> np.ndar
 
 
 def _marked(e: Event) -> bool:
-    return not e.benign and e.step is not None and e.kind in _MARKED_KINDS and not clean(e.raw).lstrip().startswith("syncdoctor:")
+    return (
+        not e.benign
+        and e.step is not None
+        and e.kind in _MARKED_KINDS
+        and not clean(e.raw).lstrip().startswith("syncdoctor:")
+    )
 
 
 def _event_marks(events: list[Event], xs: ch.Scale, top: float) -> str:
@@ -547,14 +619,17 @@ def _event_marks(events: list[Event], xs: ch.Scale, top: float) -> str:
 
 
 def _grad_chart(diag: Diagnosis, grad: dict[int, tuple[np.ndarray, np.ndarray]], xs: ch.Scale) -> str:
-    what = {"local": "each rank's own gradient before the all-reduce",
-            "reduced": "the gradient after the all-reduce (the same on every healthy rank)"}.get(
-        diag.grad_norm_kind, "as logged")
+    what = {
+        "local": "each rank's own gradient before the all-reduce",
+        "reduced": "the gradient after the all-reduce (the same on every healthy rank)",
+    }.get(diag.grad_norm_kind, "as logged")
     points = max(s.size for s, _ in grad.values())
     title = f"<h3>Gradient norm per rank: {what} ({points:,} measured step{'s' if points != 1 else ''} per rank)</h3>"
     if points <= 10 and diag.grad_norm_kind:
-        title += ('<p class="detail">The probe measures gradient norms at its detailed checks only '
-                  "(step 1 and every 100th step or so); <code>--check-every 1</code> measures every step.</p>")
+        title += (
+            '<p class="detail">The probe measures gradient norms at its detailed checks only '
+            "(step 1 and every 100th step or so); <code>--check-every 1</code> measures every step.</p>"
+        )
     if len(grad) <= ch.MAX_LINES:
         return title + _grad_lines(grad, xs)
     return title + _grad_grid(diag, grad, xs)
@@ -563,19 +638,26 @@ def _grad_chart(diag: Diagnosis, grad: dict[int, tuple[np.ndarray, np.ndarray]],
 def _grad_lines(grad: dict[int, tuple[np.ndarray, np.ndarray]], xs: ch.Scale) -> str:
     top, bottom = ch.TOP, ch.HEIGHT - ch.BOTTOM
     ys = ch.value_scale([v for _, v in grad.values()], bottom, top, log_ratio=1e2)
-    parts = [ch.svg_open(ch.HEIGHT, "gradient norm per rank by step"),
-             ch.y_axis(ys, "gradient norm" + (" (log)" if ys.log else ""))]
+    parts = [
+        ch.svg_open(ch.HEIGHT, "gradient norm per rank by step"),
+        ch.y_axis(ys, "gradient norm" + (" (log)" if ys.log else "")),
+    ]
     legend = []
     for i, (rank, (steps, values)) in enumerate(grad.items()):
         colour = ch.PALETTE[i % len(ch.PALETTE)]
         x, y = downsample(steps, ch.finite_clipped(values), 2 * ch.PLOT_W)
         px, py = xs.px(x), ys.px(y)
-        parts.append(f'<path class="line" stroke="{colour}" d="{ch.polyline_path(px, py)}"><title>rank {rank}</title></path>')
+        parts.append(
+            f'<path class="line" stroke="{colour}" d="{ch.polyline_path(px, py)}"><title>rank {rank}</title></path>'
+        )
         if steps.size <= ch.MARKER_POINTS:
             ok = np.isfinite(px) & np.isfinite(py)
-            parts.append("".join(
-                f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{colour}"><title>rank {rank} · step {s:.0f} · {fmt_num(v)}</title></circle>'
-                for a, b, s, v in zip(px[ok], py[ok], x[ok], y[ok], strict=True)))
+            parts.append(
+                "".join(
+                    f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{colour}"><title>rank {rank} · step {s:.0f} · {fmt_num(v)}</title></circle>'
+                    for a, b, s, v in zip(px[ok], py[ok], x[ok], y[ok], strict=True)
+                )
+            )
         legend.append(("line", colour, f"rank {rank}"))
     parts += [ch.x_axis(xs, bottom), "</svg>"]
     return "".join(parts) + _legend(legend)
@@ -603,7 +685,7 @@ def _grad_grid(diag: Diagnosis, grad: dict[int, tuple[np.ndarray, np.ndarray]], 
         have = np.where(np.isfinite(line), np.arange(ch.PLOT_W), -1)
         last = np.maximum.accumulate(have)
         filled = np.where(last >= 0, line[np.maximum(last, 0)], np.nan)
-        filled[min(ch.PLOT_W, int(cols.max()) + max(gap, 1)):] = np.nan
+        filled[min(ch.PLOT_W, int(cols.max()) + max(gap, 1)) :] = np.nan
         row = i // per_row
         z[row] = np.fmax(z[row], filled)
     finite = z[np.isfinite(z)]
@@ -612,16 +694,21 @@ def _grad_grid(diag: Diagnosis, grad: dict[int, tuple[np.ndarray, np.ndarray]], 
         zhi = zlo + 1e-9
     rgb = ch.viridis((z - zlo) / (zhi - zlo))
     height = int(top + grid_h + ch.BOTTOM)
-    svg = [ch.svg_open(height, "gradient norm, rank by step"),
-           ch.raster(rgb, ch.LEFT, top, ch.PLOT_W, grid_h),
-           f'<rect class="frame" x="{ch.LEFT}" y="{top}" width="{ch.PLOT_W}" height="{ch._f(grid_h)}"/>',
-           ch.rank_labels(ranks, per_row, top, row_h),
-           f'<text class="at" transform="translate(14 {ch._f(top + grid_h / 2)}) rotate(-90)" text-anchor="middle">rank</text>',
-           ch.x_axis(xs, top + grid_h), "</svg>"]
+    svg = [
+        ch.svg_open(height, "gradient norm, rank by step"),
+        ch.raster(rgb, ch.LEFT, top, ch.PLOT_W, grid_h),
+        f'<rect class="frame" x="{ch.LEFT}" y="{top}" width="{ch.PLOT_W}" height="{ch._f(grid_h)}"/>',
+        ch.rank_labels(ranks, per_row, top, row_h),
+        f'<text class="at" transform="translate(14 {ch._f(top + grid_h / 2)}) rotate(-90)" text-anchor="middle">rank</text>',
+        ch.x_axis(xs, top + grid_h),
+        "</svg>",
+    ]
     binned = f"; rows of {per_row} ranks show their largest norm" if per_row > 1 else ""
-    scale = (f'<p class="legend"><span class="lg"><i class="band cbar"></i>'
-             f"gradient norm {fmt_num(10 ** zlo)} … {fmt_num(10 ** zhi)} (log colour scale; each measurement "
-             f"held until the rank's next{binned})</span></p>")
+    scale = (
+        f'<p class="legend"><span class="lg"><i class="band cbar"></i>'
+        f"gradient norm {fmt_num(10**zlo)} … {fmt_num(10**zhi)} (log colour scale; each measurement "
+        f"held until the rank's next{binned})</span></p>"
+    )
     return "".join(svg) + scale
 
 

@@ -88,9 +88,7 @@ def _finding_meta(f: Finding) -> Text:
     meta = Text()
     meta.append(clean(f.code, oneline=True, limit=60), style="bold")
     meta.append("  " + clean(f.category, oneline=True, limit=60), style="magenta")
-    meta.append(
-        "  " + clean(f.severity, oneline=True, limit=20), style=_SEVERITY_STYLE.get(f.severity, "")
-    )
+    meta.append("  " + clean(f.severity, oneline=True, limit=20), style=_SEVERITY_STYLE.get(f.severity, ""))
     meta.append(f"  confidence {fmt_num(f.confidence * 100, 3)} %")
     if f.step is not None:
         meta.append(f"  step {f.step}")
@@ -169,9 +167,7 @@ def _rank_table(diag: Diagnosis) -> Table:
 def _needs_attention(r: RankSummary, shapes: dict) -> bool:
     shape = shapes.get(r.rank)
     return (
-        r.status not in ("ok", "")
-        or bool(r.note)
-        or (shape is not None and shape.shape not in ("decreasing", "noise"))
+        r.status not in ("ok", "") or bool(r.note) or (shape is not None and shape.shape not in ("decreasing", "noise"))
     )
 
 

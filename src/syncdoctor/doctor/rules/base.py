@@ -24,15 +24,40 @@ class Rule(Entry):
     def evaluate(self, ev: Evidence) -> Finding | None:
         raise NotImplementedError
 
-    def found(self, confidence: float, evidence: list[str], *, ranks: list[int] | None = None,
-              step: int | None = None, tensor: str | None = None, title: str | None = None,
-              severity: Severity | None = None, direct: bool = False) -> Finding:
-        return Finding(code=self.code, category=self.category, severity=severity or self.severity,
-                       confidence=round(max(0.0, min(1.0, confidence)), 2), title=title or self.title,
-                       ranks=sorted(ranks or []), step=step, tensor=tensor, evidence=evidence,
-                       fix=self.fix_text(), direct=direct)
+    def found(
+        self,
+        confidence: float,
+        evidence: list[str],
+        *,
+        ranks: list[int] | None = None,
+        step: int | None = None,
+        tensor: str | None = None,
+        title: str | None = None,
+        severity: Severity | None = None,
+        direct: bool = False,
+    ) -> Finding:
+        return Finding(
+            code=self.code,
+            category=self.category,
+            severity=severity or self.severity,
+            confidence=round(max(0.0, min(1.0, confidence)), 2),
+            title=title or self.title,
+            ranks=sorted(ranks or []),
+            step=step,
+            tensor=tensor,
+            evidence=evidence,
+            fix=self.fix_text(),
+            direct=direct,
+        )
 
     @classmethod
     def docs(cls) -> dict[str, Any]:
-        return {"code": cls.code, "name": cls.name, "category": cls.category, "severity": cls.severity,
-                "title": cls.title, "sources": list(cls.sources), **super().docs()}
+        return {
+            "code": cls.code,
+            "name": cls.name,
+            "category": cls.category,
+            "severity": cls.severity,
+            "title": cls.title,
+            "sources": list(cls.sources),
+            **super().docs(),
+        }

@@ -66,7 +66,7 @@ class TrainDivergence(Rule):
         if len(mean) < 10:
             return None
         start, peak = float(np.min(mean[:3])), float(np.max(mean))
-        last = mean[-max(6, len(mean) // 4):]
+        last = mean[-max(6, len(mean) // 4) :]
         tail = float(np.median(last))
         if not (start > 0 and peak > BLOW_UP * start and tail > 0.5 * start):
             return None
@@ -77,7 +77,11 @@ class TrainDivergence(Rule):
         if float(np.median(last[half:])) < (1 - STILL_LEARNING) * float(np.median(last[:half])):
             return None
         if tail >= start:
-            return (f"the loss blew up from {start:.3g} to {peak:.3g} and never came back below its start "
-                    f"(last quarter {tail:.3g}): the step size is too large for the model")
-        return (f"the loss blew up from {start:.3g} to {peak:.3g}, came down to {tail:.3g} and stopped "
-                "learning there (flat last quarter): the step size is too large for the model")
+            return (
+                f"the loss blew up from {start:.3g} to {peak:.3g} and never came back below its start "
+                f"(last quarter {tail:.3g}): the step size is too large for the model"
+            )
+        return (
+            f"the loss blew up from {start:.3g} to {peak:.3g}, came down to {tail:.3g} and stopped "
+            "learning there (flat last quarter): the step size is too large for the model"
+        )

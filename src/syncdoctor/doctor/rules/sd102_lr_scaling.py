@@ -40,9 +40,13 @@ class LrNotScaled(Rule):
             growth = global_batch / base["batch_size"]
             lr_ratio = lr / base["lr"]
             if growth >= 2 and lr_ratio < 0.9 * math.sqrt(growth):
-                return self.found(0.75, [
-                    f"global batch {global_batch} is {growth:g}× the single-card batch {base['batch_size']}",
-                    f"learning rate {lr:g} is {lr_ratio:.2g}× the single-card {base['lr']:g} (linear rule: {base['lr'] * growth:g})",
-                ], ranks=[rank])
+                return self.found(
+                    0.75,
+                    [
+                        f"global batch {global_batch} is {growth:g}× the single-card batch {base['batch_size']}",
+                        f"learning rate {lr:g} is {lr_ratio:.2g}× the single-card {base['lr']:g} (linear rule: {base['lr'] * growth:g})",
+                    ],
+                    ranks=[rank],
+                )
             return None
         return None

@@ -73,8 +73,9 @@ class DuplicateRankIdentity(Rule):
                 confidence = max(confidence, 0.8 if partial else 0.6)
         if not ev.has_records:
             for group in ev.same_data_groups:
-                evidence.append(f"{fmt_ranks(group)}: per-step losses move together far beyond chance "
-                                "(the same batches on each)")
+                evidence.append(
+                    f"{fmt_ranks(group)}: per-step losses move together far beyond chance (the same batches on each)"
+                )
                 ranks.update(group)
                 # All of ≥3 ranks alike points at missing sharding; a pair at a duplicated id.
                 whole = ev.world_size is not None and len(group) == ev.world_size > 2

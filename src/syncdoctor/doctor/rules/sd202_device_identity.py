@@ -8,10 +8,19 @@ from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.rulebook import fmt_ranks
 
-_DEVICE_WORDS = ("already in use", "is busy", "device busy", "invalid device", "no cuda gpus",
-                 "device_id", "device id", "duplicate gpu",
-                 # HCCP cannot start: the NPU is still held by an earlier process (EJ0001)
-                 "ej0001", "last training process is running")
+_DEVICE_WORDS = (
+    "already in use",
+    "is busy",
+    "device busy",
+    "invalid device",
+    "no cuda gpus",
+    "device_id",
+    "device id",
+    "duplicate gpu",
+    # HCCP cannot start: the NPU is still held by an earlier process (EJ0001)
+    "ej0001",
+    "last training process is running",
+)
 # Ports, not devices: "Address already in use" is a launch problem (SD203).
 _NOT_DEVICE = ("address already in use", " port ", "port[", "port:")
 
@@ -63,8 +72,11 @@ class DeviceCollision(Rule):
                     ranks.add(event.rank)
         for device, owners in shared.items():
             # NCCL's own account of the rank-to-device mapping: two ranks, one GPU.
-            evidence.insert(0, f"NCCL: {fmt_ranks(owners)} are all on CUDA device {device}: several processes "
-                               "drive one GPU (device chosen without the local rank)")
+            evidence.insert(
+                0,
+                f"NCCL: {fmt_ranks(owners)} are all on CUDA device {device}: several processes "
+                "drive one GPU (device chosen without the local rank)",
+            )
             ranks.update(owners)
         if not evidence:
             return None

@@ -34,8 +34,10 @@ class UnseededShuffle(Rule):
         fraction, _ = ev.duplicate_batches
         if overlap is None or fraction > 0.5 or overlap["cross_overlap"] < 0.02:
             return None
-        evidence = [f"within the first epoch {overlap['cross_overlap']:.1%} of the samples read were also "
-                    f"read by another rank (0% under a common shuffle); {overlap['coverage']} distinct samples seen"]
+        evidence = [
+            f"within the first epoch {overlap['cross_overlap']:.1%} of the samples read were also "
+            f"read by another rank (0% under a common shuffle); {overlap['coverage']} distinct samples seen"
+        ]
         seeds = ev.differing("loader", "seed")
         if seeds:
             evidence.append("loader seeds differ: " + describe_split(seeds))

@@ -43,9 +43,14 @@ class UnshardedData(Rule):
             return self.found(0.5, evidence, ranks=ev.ranks)
         whole = [g for g in ev.same_data_groups if world and len(g) == world]
         if whole:
-            return self.found(0.6 if world > 2 else 0.5,
-                              [f"the per-step losses of all {world} ranks move together far beyond chance: "
-                               "every rank reads the same batches"], ranks=whole[0])
+            return self.found(
+                0.6 if world > 2 else 0.5,
+                [
+                    f"the per-step losses of all {world} ranks move together far beyond chance: "
+                    "every rank reads the same batches"
+                ],
+                ranks=whole[0],
+            )
         return None
 
     def _shards_shared(self, ev: Evidence, fraction: float, groups: list[list[int]]) -> Finding | None:
@@ -59,15 +64,20 @@ class UnshardedData(Rule):
         if len(set(known)) < len(known) or not identities_distinct(ev):
             return None  # a copied rank id explains it: SD201
         shown = "; ".join(", ".join(map(str, g)) for g in groups[:4])
-        evidence = [f"groups of ranks consumed identical batches at {fraction:.0%} of steps: {shown}",
-                    "every rank's RANK is distinct: the data shard each rank reads is computed wrong "
-                    "(several ranks map to one shard, others are never read)"]
+        evidence = [
+            f"groups of ranks consumed identical batches at {fraction:.0%} of steps: {shown}",
+            "every rank's RANK is distinct: the data shard each rank reads is computed wrong "
+            "(several ranks map to one shard, others are never read)",
+        ]
         if ev.mesh:
             from syncdoctor.probe.mesh import coordinate_of
 
             coords = [coordinate_of(r, ev.mesh) for r in groups[0]]
             apart = [d for d in ev.mesh["dim_names"] if len({c.get(d) for c in coords}) > 1]
             if apart:
-                evidence.insert(0, f"ranks that differ only in mesh dimension {', '.join(apart)} read the same "
-                                   f"batches, though that dimension shards the data")
+                evidence.insert(
+                    0,
+                    f"ranks that differ only in mesh dimension {', '.join(apart)} read the same "
+                    f"batches, though that dimension shards the data",
+                )
         return self.found(0.75, evidence, ranks=sorted({r for g in groups for r in g}), step=ev.first_duplicate_step)

@@ -38,15 +38,25 @@ class UnevenShards(Rule):
         confidence = 0.0
         if ev.has_records and "samples" in ev.steps.columns:
             # Per micro-step, so that a rank merging two micro-steps into one update is not "uneven".
-            per_micro = (ev.steps.filter(pl.col("samples").is_not_null() & (pl.col("micro") > 0))
-                         .with_columns((pl.col("samples") / pl.col("micro")).alias("per_micro")))
-            per_step = (per_micro.group_by("step")
-                        .agg(pl.col("per_micro").n_unique().alias("k"), pl.col("per_micro").min().alias("lo"),
-                             pl.col("per_micro").max().alias("hi")).filter(pl.col("k") > 1).sort("step"))
+            per_micro = ev.steps.filter(pl.col("samples").is_not_null() & (pl.col("micro") > 0)).with_columns(
+                (pl.col("samples") / pl.col("micro")).alias("per_micro")
+            )
+            per_step = (
+                per_micro.group_by("step")
+                .agg(
+                    pl.col("per_micro").n_unique().alias("k"),
+                    pl.col("per_micro").min().alias("lo"),
+                    pl.col("per_micro").max().alias("hi"),
+                )
+                .filter(pl.col("k") > 1)
+                .sort("step")
+            )
             if per_step.height:
                 row = per_step.row(0, named=True)
-                evidence.append(f"ranks consumed different batch sizes at {per_step.height} steps "
-                                f"(first at step {row['step']}: {row['lo']:g} vs {row['hi']:g} samples)")
+                evidence.append(
+                    f"ranks consumed different batch sizes at {per_step.height} steps "
+                    f"(first at step {row['step']}: {row['lo']:g} vs {row['hi']:g} samples)"
+                )
                 confidence = 0.6
         counts = ev.step_counts
         # A crash or a skipped update also leaves ranks at different counts; those have their own rules.
@@ -71,8 +81,9 @@ class UnevenShards(Rule):
         finished = [r for r, end in (ev.records.ends.items() if ev.records else []) if end.get("status") == "ok"]
         stuck = ev.ended_early or [c.get("rank") for c in ev.incomplete_checks]
         if evidence and finished and stuck:
-            evidence.append(f"{fmt_ranks(finished)} finished while {fmt_ranks(set(stuck))} waited on a collective "
-                            "nobody else made")
+            evidence.append(
+                f"{fmt_ranks(finished)} finished while {fmt_ranks(set(stuck))} waited on a collective nobody else made"
+            )
             ranks.update(int(r) for r in stuck if r is not None)
             confidence += 0.1
         if not confidence:

@@ -38,15 +38,20 @@ class IncompleteReduce(Rule):
             return None  # a rank zeroed its overflowed gradients: the overflow rule owns it
         if "grad" not in div.what:
             return self._unmeasured(ev, div)
-        evidence = [f"reduced gradients differ across ranks from step {div.step} on {fmt_ranks(div.ranks)} "
-                    "while step counters agree"]
+        evidence = [
+            f"reduced gradients differ across ranks from step {div.step} on {fmt_ranks(div.ranks)} "
+            "while step counters agree"
+        ]
         if div.tensor:
             evidence.append(f"first differing tensor: {div.tensor}")
         if ev.unreduced_ranks:
-            evidence.append(f"{fmt_ranks(ev.unreduced_ranks)}: post-reduce gradient norm equals the local one "
-                            "(ratio 1.0): its gradients were not averaged with anyone")
-        comm = [e for e in ev.events_of("retry", "timeout", "watchdog", "network")
-                if e.step is None or e.step <= div.step]
+            evidence.append(
+                f"{fmt_ranks(ev.unreduced_ranks)}: post-reduce gradient norm equals the local one "
+                "(ratio 1.0): its gradients were not averaged with anyone"
+            )
+        comm = [
+            e for e in ev.events_of("retry", "timeout", "watchdog", "network") if e.step is None or e.step <= div.step
+        ]
         for event in comm[:3]:
             evidence.append(f"before the divergence: {event.source}:{event.line}: {event.raw[:160]}")
         # The rank whose gradients came out of the reduce untouched is the one left out:
@@ -64,15 +69,23 @@ class IncompleteReduce(Rule):
         agreement, and the reduced gradients not fingerprinted since: a gradient that
         skipped its reduction is the likeliest cause, though not shown."""
         first_step = int(ev.steps["step"].min()) if ev.has_records else None
-        if ("param" not in div.what or "config" in div.what or ev.hyperparameter_drift is not None
-                or div.step == first_step or ev.agree_after("grad", div.step) is not None
-                or ev.differing("optimizer", "param_groups") or ev.differing("loss", "params")):
+        if (
+            "param" not in div.what
+            or "config" in div.what
+            or ev.hyperparameter_drift is not None
+            or div.step == first_step
+            or ev.agree_after("grad", div.step) is not None
+            or ev.differing("optimizer", "param_groups")
+            or ev.differing("loss", "params")
+        ):
             return None
-        evidence = [f"parameters part at step {div.step} on {fmt_ranks(div.ranks)} while step counters, modes "
-                    "and the optimizer/loss configuration agree",
-                    "the reduced gradients were not fingerprinted after that step (detailed checks are rarer); "
-                    "a gradient that skipped its reduction is the likeliest cause; `--check-every 1` or a longer "
-                    "run shows it"]
+        evidence = [
+            f"parameters part at step {div.step} on {fmt_ranks(div.ranks)} while step counters, modes "
+            "and the optimizer/loss configuration agree",
+            "the reduced gradients were not fingerprinted after that step (detailed checks are rarer); "
+            "a gradient that skipped its reduction is the likeliest cause; `--check-every 1` or a longer "
+            "run shows it",
+        ]
         if div.tensor:
             evidence.append(f"first differing tensor: {div.tensor}")
         return self.found(0.6, evidence, ranks=div.ranks, step=div.step, tensor=div.tensor)

@@ -43,13 +43,19 @@ class StepMisalignment(Rule):
         step = div.step if div else None
         if div and "counter" in div.what:
             table = ev.counter_table
-            parts = [f"{name} {describe_split(table[name])}"
-                     for name in ("micro", "backward", "opt_steps") if name in table and len(set(table[name].values())) > 1]
+            parts = [
+                f"{name} {describe_split(table[name])}"
+                for name in ("micro", "backward", "opt_steps")
+                if name in table and len(set(table[name].values())) > 1
+            ]
             evidence.append(f"at step {div.step} counters differ: " + "; ".join(parts))
         if uneven_micro:
             split = agreement(micro)
-            evidence.append("micro-steps per update: " + describe_split(micro)
-                            + ("" if split.has_majority else "; no majority to tell which rank is off"))
+            evidence.append(
+                "micro-steps per update: "
+                + describe_split(micro)
+                + ("" if split.has_majority else "; no majority to tell which rank is off")
+            )
             ranks.update(split.odd)
         off = self._off_their_rhythm(ev, step)
         if off and len(off) < len(ranks):

@@ -34,7 +34,11 @@ class SummedGradients(Rule):
         excess = ev.reduce_excess
         if excess is None or excess["above_one"] < 0.3:
             return None
-        return self.found(0.9, [
-            f"post-reduce gradient norm exceeds the ranks' mean local norm at {excess['above_one']:.0%} of "
-            f"{excess['steps']} measured steps (median ratio {excess['median']:.2f}); an average is never larger",
-        ], ranks=ev.ranks)
+        return self.found(
+            0.9,
+            [
+                f"post-reduce gradient norm exceeds the ranks' mean local norm at {excess['above_one']:.0%} of "
+                f"{excess['steps']} measured steps (median ratio {excess['median']:.2f}); an average is never larger",
+            ],
+            ranks=ev.ranks,
+        )

@@ -7,16 +7,30 @@ from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.rulebook import fmt_ranks
 
 # What the libraries say when ranks did not issue the same collectives.
-_CONTROL_FLOW = ("mismatch between collectives", "mismatched collective", "expected to have finished reduction",
-                 "did not receive grad", "were not used in producing loss",
-                 # DDP: a parameter's gradient hook fired twice (reentrant checkpointing)
-                 "mark a variable ready only once", "marked as ready twice",
-                 # Horovod: the ranks asked for the same collective with different tensors
-                 "mismatched allreduce", "mismatched allgather", "mismatched broadcast",
-                 "unused parameters", "find_unused_parameters", "collective sequence number",
-                 "opcount", "different sequence",
-                 # Horovod: a subset of ranks submitted a tensor the others never did
-                 "subset of ranks", "stalled ops", "missing ranks:", "ready ranks:")
+_CONTROL_FLOW = (
+    "mismatch between collectives",
+    "mismatched collective",
+    "expected to have finished reduction",
+    "did not receive grad",
+    "were not used in producing loss",
+    # DDP: a parameter's gradient hook fired twice (reentrant checkpointing)
+    "mark a variable ready only once",
+    "marked as ready twice",
+    # Horovod: the ranks asked for the same collective with different tensors
+    "mismatched allreduce",
+    "mismatched allgather",
+    "mismatched broadcast",
+    "unused parameters",
+    "find_unused_parameters",
+    "collective sequence number",
+    "opcount",
+    "different sequence",
+    # Horovod: a subset of ranks submitted a tensor the others never did
+    "subset of ranks",
+    "stalled ops",
+    "missing ranks:",
+    "ready ranks:",
+)
 
 
 class CollectiveMismatch(Rule):
@@ -47,8 +61,11 @@ class CollectiveMismatch(Rule):
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        hits = [e for e in ev.real_events if e.kind in ("mismatch", "crash", "configuration")
-                and any(w in e.raw.lower() for w in _CONTROL_FLOW)]
+        hits = [
+            e
+            for e in ev.real_events
+            if e.kind in ("mismatch", "crash", "configuration") and any(w in e.raw.lower() for w in _CONTROL_FLOW)
+        ]
         if not hits:
             return None
         ranks, meaning = self._who(hits)
@@ -70,15 +87,21 @@ class CollectiveMismatch(Rule):
                 no_grad.add(rank)
             named |= mismatch_ranks(e.raw)
         if missing:
-            return missing, (f"Horovod: {fmt_ranks(missing)} never submitted collectives the other ranks were "
-                             "waiting in: they took a different code path")
+            return missing, (
+                f"Horovod: {fmt_ranks(missing)} never submitted collectives the other ranks were "
+                "waiting in: they took a different code path"
+            )
         if ready:
-            return ready, (f"Horovod: only {fmt_ranks(ready)} submitted some collectives; the rest never did "
-                           "(a rank-dependent branch, or ranks building different tensors)")
+            return ready, (
+                f"Horovod: only {fmt_ranks(ready)} submitted some collectives; the rest never did "
+                "(a rank-dependent branch, or ranks building different tensors)"
+            )
         if no_grad:
-            return no_grad, (f"DDP: parameters on {fmt_ranks(no_grad)} received no gradient in an iteration, so "
-                             "the gradient reduction could not complete: the forward pass used a different "
-                             "set of parameters (a conditional branch or an unused layer)")
+            return no_grad, (
+                f"DDP: parameters on {fmt_ranks(no_grad)} received no gradient in an iteration, so "
+                "the gradient reduction could not complete: the forward pass used a different "
+                "set of parameters (a conditional branch or an unused layer)"
+            )
         if named:
             return named, f"{fmt_ranks(named)} issued collectives that differ from each other's"
         return {e.rank for e in hits if e.rank is not None}, ""

@@ -42,5 +42,9 @@ class ReplicaMismatchReported(Rule):
             return None
         ranks = sorted({int(r) for e in hits for r in re.findall(r"rank\s*(\d+)", e.raw, re.I)})
         steps = [int(m) for e in hits for m in re.findall(r"step\s*[:=]?\s*(\d+)", e.raw, re.I)]
-        return self.found(0.55, [f"{e.source}:{e.line}: {e.raw[:200]}" for e in hits[:4]],
-                          ranks=ranks, step=min(steps) if steps else hits[0].step)
+        return self.found(
+            0.55,
+            [f"{e.source}:{e.line}: {e.raw[:200]}" for e in hits[:4]],
+            ranks=ranks,
+            step=min(steps) if steps else hits[0].step,
+        )

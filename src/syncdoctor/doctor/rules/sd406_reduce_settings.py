@@ -43,8 +43,12 @@ class ReduceSettingsMismatch(Rule):
                 lines.append(f"{key} {describe_split(values, fmt=_short)}")
         if not lines:
             return None
-        return self.found(0.9, ["data-parallel settings differ at start (snapshot before step 1): " + "; ".join(lines)],
-                          ranks=agreement({r: repr(v) for r, v in settings.items()}).odd, direct=True)
+        return self.found(
+            0.9,
+            ["data-parallel settings differ at start (snapshot before step 1): " + "; ".join(lines)],
+            ranks=agreement({r: repr(v) for r, v in settings.items()}).odd,
+            direct=True,
+        )
 
 
 def _short(value: Any) -> str:

@@ -47,8 +47,13 @@ class OneSidedWorkBeforeTimeout(Rule):
             return None
         waiting = sorted({e.rank for e in waits if e.rank is not None})
         who = fmt_ranks(waiting) if waiting else "the waiting ranks"
-        return self.found(0.85, [
-            f"just before {who} timed out in a collective, the log shows one-sided work: {work[:200]}",
-            f"{first.source}:{first.line}: {first.raw[:160]}",
-            "one rank busy with its own work while the others wait in a collective: control flow, not the network",
-        ], ranks=waiting, step=first.step)
+        return self.found(
+            0.85,
+            [
+                f"just before {who} timed out in a collective, the log shows one-sided work: {work[:200]}",
+                f"{first.source}:{first.line}: {first.raw[:160]}",
+                "one rank busy with its own work while the others wait in a collective: control flow, not the network",
+            ],
+            ranks=waiting,
+            step=first.step,
+        )

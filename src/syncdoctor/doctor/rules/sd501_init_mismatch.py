@@ -38,8 +38,10 @@ class InitMismatch(Rule):
         if initial is not None and init:
             odd, distinct, compared = initial
             where = " within replica groups" if ev.replica else ""
-            evidence.append(f"parameters differ before the first update{where}: {distinct} distinct initial "
-                            f"weights across {compared} ranks (fingerprinted when the probe attached)")
+            evidence.append(
+                f"parameters differ before the first update{where}: {distinct} distinct initial "
+                f"weights across {compared} ranks (fingerprinted when the probe attached)"
+            )
             ranks = odd
         elif initial is not None and initial[2] == len(ev.snapshots):
             return None  # every rank started from the same weights: whatever parted came later
@@ -48,13 +50,16 @@ class InitMismatch(Rule):
         if not init and div and "param" in div.what and "counter" not in div.what and div.step == first_step:
             if ev.differing("optimizer", "param_groups") or ev.differing("loss", "params"):
                 return None  # a configuration seen different at start explains a first update that differs
-            evidence.append(f"parameters differ at the first recorded step ({div.step}, after its update) with "
-                            f"identical counters; {fmt_ranks(div.ranks)} disagree")
+            evidence.append(
+                f"parameters differ at the first recorded step ({div.step}, after its update) with "
+                f"identical counters; {fmt_ranks(div.ranks)} disagree"
+            )
             ranks = div.ranks
         if not evidence:
             return None
         seeds = ev.differing("seed", "torch_initial_seed") or ev.differing("seed", "ms_seed")
         if seeds:
             evidence.append("seeds differ: " + describe_split(seeds))
-        return self.found(0.95 if init else 0.7, evidence, ranks=ranks, step=0,
-                          tensor=div.tensor if div else None, direct=bool(init))
+        return self.found(
+            0.95 if init else 0.7, evidence, ranks=ranks, step=0, tensor=div.tensor if div else None, direct=bool(init)
+        )

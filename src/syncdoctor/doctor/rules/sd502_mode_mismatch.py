@@ -47,9 +47,14 @@ class ModeMismatch(Rule):
             trained = {r: _modules_in_train(v) for r, v in values.items()}
             most = max(trained.values())
             odd = sorted(r for r, n in trained.items() if n < most) or odd
-        return self.found(0.95, [
-            f"modules in train mode at step {step}: " + describe_split(values),
-        ], ranks=odd, step=step)
+        return self.found(
+            0.95,
+            [
+                f"modules in train mode at step {step}: " + describe_split(values),
+            ],
+            ranks=odd,
+            step=step,
+        )
 
 
 def _modules_in_train(mode: str) -> int:

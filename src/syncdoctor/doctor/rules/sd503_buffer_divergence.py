@@ -28,13 +28,27 @@ class BufferDivergence(Rule):
     def evaluate(self, ev: Evidence) -> Finding | None:
         div = ev.divergence
         if div and "buffer" in div.what and not ({"param", "counter", "mode"} & set(div.what)):
-            return self.found(0.9, [f"buffers differ at forward start at step {div.step}, where DDP had just "
-                                    "broadcast them"], ranks=div.ranks, step=div.step)
+            return self.found(
+                0.9,
+                [f"buffers differ at forward start at step {div.step}, where DDP had just broadcast them"],
+                ranks=div.ranks,
+                step=div.step,
+            )
         broadcast = ev.snapshot_values("ddp", "broadcast_buffers")
-        if ev.unsynced_buffers_differ and any(v is False for v in broadcast.values()) and not (
-                div and {"param", "counter", "mode"} & set(div.what)):
+        if (
+            ev.unsynced_buffers_differ
+            and any(v is False for v in broadcast.values())
+            and not (div and {"param", "counter", "mode"} & set(div.what))
+        ):
             step = ev.first_unsynced_buffer_step
-            return self.found(0.85, [f"buffers (BatchNorm running statistics) differ across ranks from step {step}",
-                                     "DDP was built with broadcast_buffers=False, so nothing ever syncs them"],
-                              ranks=ev.ranks, step=step, severity="warning")
+            return self.found(
+                0.85,
+                [
+                    f"buffers (BatchNorm running statistics) differ across ranks from step {step}",
+                    "DDP was built with broadcast_buffers=False, so nothing ever syncs them",
+                ],
+                ranks=ev.ranks,
+                step=step,
+                severity="warning",
+            )
         return None

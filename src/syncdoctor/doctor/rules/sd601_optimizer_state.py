@@ -38,24 +38,34 @@ class OptimizerStateMismatch(Rule):
         if kinds:
             evidence.append("optimizer type differs at start: " + describe_split(kinds))
         if groups:
-            evidence.append("optimizer hyperparameters differ at start (snapshot before step 1): "
-                            + "; ".join(hyperparameter_differences(groups)))
+            evidence.append(
+                "optimizer hyperparameters differ at start (snapshot before step 1): "
+                + "; ".join(hyperparameter_differences(groups))
+            )
         div = ev.divergence
         # A schedule ticks per update: ranks out of step show other learning rates too.
         drift = ev.hyperparameter_drift if not (div and "counter" in div.what) else None
         if drift is not None and not groups:
-            evidence.append(f"the learning rate differs across ranks from step {drift[0]}: "
-                            f"lr {describe_split(drift[1])} (changed on some ranks only)")
+            evidence.append(
+                f"the learning rate differs across ranks from step {drift[0]}: "
+                f"lr {describe_split(drift[1])} (changed on some ranks only)"
+            )
         elif div is not None and "config" in div.what and not groups:
             evidence.append(f"the optimizer/loss configuration differs across ranks at the check of step {div.step}")
         first_step = int(ev.steps["step"].min()) if ev.has_records else None
         # "The gradients agree" only where they were measured after the parting.
-        state_only = (div is not None and {"param", "opt"} & set(div.what)
-                      and not ({"grad", "counter", "mode", "buffer"} & set(div.what)) and div.step != first_step
-                      and ev.agree_after("grad", div.step) is True)
+        state_only = (
+            div is not None
+            and {"param", "opt"} & set(div.what)
+            and not ({"grad", "counter", "mode", "buffer"} & set(div.what))
+            and div.step != first_step
+            and ev.agree_after("grad", div.step) is True
+        )
         if state_only:
-            evidence.append(f"parameters and optimizer state part at step {div.step} while the reduced "
-                            "gradients and step counters stay identical")
+            evidence.append(
+                f"parameters and optimizer state part at step {div.step} while the reduced "
+                "gradients and step counters stay identical"
+            )
         if not evidence:
             return None
         if ev.overflow_disagreement:
@@ -68,8 +78,14 @@ class OptimizerStateMismatch(Rule):
         step = div.step if div else None
         if drift is not None and not groups and (step is None or drift[0] < step):
             step = drift[0]
-        return self.found(0.95 if direct else 0.85, evidence, ranks=ranks,
-                          step=step, tensor=div.tensor if div else None, direct=direct)
+        return self.found(
+            0.95 if direct else 0.85,
+            evidence,
+            ranks=ranks,
+            step=step,
+            tensor=div.tensor if div else None,
+            direct=direct,
+        )
 
 
 def hyperparameter_differences(groups: dict[int, Any]) -> list[str]:
@@ -78,8 +94,10 @@ def hyperparameter_differences(groups: dict[int, Any]) -> list[str]:
     out = []
     n_groups = max((len(v) for v in groups.values() if isinstance(v, list)), default=0)
     for g in range(n_groups):
-        per_rank = {r: (v[g] if isinstance(v, list) and g < len(v) and isinstance(v[g], dict) else {})
-                    for r, v in groups.items()}
+        per_rank = {
+            r: (v[g] if isinstance(v, list) and g < len(v) and isinstance(v[g], dict) else {})
+            for r, v in groups.items()
+        }
         keys = sorted({k for d in per_rank.values() for k in d})
         prefix = f"group {g}: " if n_groups > 1 else ""
         for key in keys:

@@ -40,12 +40,15 @@ class LossDefinitionMismatch(Rule):
         if params:
             keys = sorted({k for v in params.values() if isinstance(v, dict) for k in v})
             changed = [k for k in keys if len({repr((params[r] or {}).get(k)) for r in params}) > 1] if keys else []
-            detail = "; ".join(f"{k} " + describe_split({r: (params[r] or {}).get(k) for r in params})
-                               for k in changed)
+            detail = "; ".join(f"{k} " + describe_split({r: (params[r] or {}).get(k) for r in params}) for k in changed)
             if not detail:
                 detail = "type " + describe_split(ev.snapshot_values("loss", "type"))
-            return self.found(0.95, [f"loss settings differ at start (snapshot before step 1): {detail}"],
-                              ranks=majority_outliers({r: repr(v) for r, v in params.items()}), direct=True)
+            return self.found(
+                0.95,
+                [f"loss settings differ at start (snapshot before step 1): {detail}"],
+                ranks=majority_outliers({r: repr(v) for r, v in params.items()}),
+                direct=True,
+            )
         offsets = ev.offsets
         if offsets is None:
             return None
@@ -57,17 +60,29 @@ class LossDefinitionMismatch(Rule):
             return None
         if ev.divergence is not None and ({"mode", "param", "counter"} & set(ev.divergence.what)):
             return None  # parted replicas or modes explain offsets better
-        odd = [r for r, t in offsets.t_stat.items() if abs(t) > OFFSET_T and abs(offsets.by_rank[r]) > OFFSET_MIN
-               and offsets.same_sign[r] >= OFFSET_SAME_SIDE]
+        odd = [
+            r
+            for r, t in offsets.t_stat.items()
+            if abs(t) > OFFSET_T and abs(offsets.by_rank[r]) > OFFSET_MIN and offsets.same_sign[r] >= OFFSET_SAME_SIDE
+        ]
         if not odd or len(odd) == len(offsets.by_rank) and len(odd) > 2:
             return None
-        evidence = ["steady loss offsets against the same-step mean of all ranks: "
-                    + ", ".join(f"rank {r}: {offsets.by_rank[r]:+.1%} over steps {offsets.window[r][0]}–"
-                                f"{offsets.window[r][1]} (t={offsets.t_stat[r]:.0f}, "
-                                f"{offsets.same_sign[r]:.0%} of steps on that side)" for r in sorted(odd)),
-                    f"same-step spread is {offsets.spread:.1%} of the loss; ranks on different data scatter "
-                    "around the mean instead"]
+        evidence = [
+            "steady loss offsets against the same-step mean of all ranks: "
+            + ", ".join(
+                f"rank {r}: {offsets.by_rank[r]:+.1%} over steps {offsets.window[r][0]}–"
+                f"{offsets.window[r][1]} (t={offsets.t_stat[r]:.0f}, "
+                f"{offsets.same_sign[r]:.0%} of steps on that side)"
+                for r in sorted(odd)
+            ),
+            f"same-step spread is {offsets.spread:.1%} of the loss; ranks on different data scatter "
+            "around the mean instead",
+        ]
         if ev.has_records and ev.divergence is None:
             evidence.append("replicas stayed identical: the difference is in how the loss is computed")
-        return self.found(0.8 if ev.has_records else 0.65, evidence, ranks=sorted(odd),
-                          title=f"Loss computed differently on {fmt_ranks(odd)}")
+        return self.found(
+            0.8 if ev.has_records else 0.65,
+            evidence,
+            ranks=sorted(odd),
+            title=f"Loss computed differently on {fmt_ranks(odd)}",
+        )

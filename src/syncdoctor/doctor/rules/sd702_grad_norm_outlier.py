@@ -37,8 +37,11 @@ class GradNormOutlier(Rule):
     def evaluate(self, ev: Evidence) -> Finding | None:
         if not ev.has_records or "grad_norm_local" not in ev.steps.columns:
             return None
-        per_rank = (ev.steps.filter(pl.col("grad_norm_local").is_not_null() & (pl.col("grad_norm_local") > 0))
-                    .group_by("rank").agg(pl.col("grad_norm_local").median().alias("n")))
+        per_rank = (
+            ev.steps.filter(pl.col("grad_norm_local").is_not_null() & (pl.col("grad_norm_local") > 0))
+            .group_by("rank")
+            .agg(pl.col("grad_norm_local").median().alias("n"))
+        )
         if per_rank.height < 2:
             return None
         norms = dict(zip(per_rank["rank"].to_list(), per_rank["n"].to_list(), strict=True))
@@ -50,6 +53,9 @@ class GradNormOutlier(Rule):
         if len(norms) > 2 and len(odd) * 2 >= len(norms):
             return None
         typical = math.exp(center)
-        return self.found(0.7, [f"median local gradient norm {norms[r]:.3g} on rank {r} vs {typical:.3g} typical"
-                                for r in odd[:4]], ranks=odd,
-                          title=f"Gradient norm of {fmt_ranks(odd)} is orders of magnitude off")
+        return self.found(
+            0.7,
+            [f"median local gradient norm {norms[r]:.3g} on rank {r} vs {typical:.3g} typical" for r in odd[:4]],
+            ranks=odd,
+            title=f"Gradient norm of {fmt_ranks(odd)} is orders of magnitude off",
+        )

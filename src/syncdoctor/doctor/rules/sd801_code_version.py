@@ -34,7 +34,9 @@ class CodeVersionMismatch(Rule):
             if values:
                 odd = majority_outliers({r: repr(v) for r, v in values.items()})
                 ranks.update(odd)
-                evidence.append(f"{label} differ on ranks {odd}" + (f": {values[odd[0]]}" if label == "versions" else ""))
+                evidence.append(
+                    f"{label} differ on ranks {odd}" + (f": {values[odd[0]]}" if label == "versions" else "")
+                )
         files = ev.snapshot_values("code", "files")
         names = {n for v in files.values() if v for n in v}
         changed = sorted(n for n in names if len({(files[r] or {}).get(n) for r in files}) > 1)

@@ -32,14 +32,21 @@ class OverflowDisagreement(Rule):
         disagree = ev.overflow_disagreement
         if disagree:
             step, ranks = disagree[0]
-            evidence = [f"at step {step} {fmt_ranks(ranks)} skipped the update for overflow and the others did not"
-                        f" ({len(disagree)} such steps)"]
+            evidence = [
+                f"at step {step} {fmt_ranks(ranks)} skipped the update for overflow and the others did not"
+                f" ({len(disagree)} such steps)"
+            ]
             div = ev.divergence
             if div and div.step >= step:
                 evidence.append(f"replicas part at step {div.step}, after the first disagreement")
             return self.found(0.95, evidence, ranks=ranks, step=step)
         steps = ev.steps.height if ev.has_records else 0
         if steps and ev.overflow_steps > 0.2 * steps / max(1, len(ev.ranks)):
-            return self.found(0.5, [f"{ev.overflow_steps} overflow skips over {steps} rank-steps"],
-                              ranks=ev.ranks, severity="warning", title="Frequent fp16 overflow")
+            return self.found(
+                0.5,
+                [f"{ev.overflow_steps} overflow skips over {steps} rank-steps"],
+                ranks=ev.ranks,
+                severity="warning",
+                title="Frequent fp16 overflow",
+            )
         return None

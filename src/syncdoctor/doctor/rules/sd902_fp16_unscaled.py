@@ -41,8 +41,10 @@ class Fp16WithoutLossScaling(Rule):
         if "grad_fp16" in steps.columns:
             checked = steps.filter(pl.col("grad_fp16").is_not_null())
             if checked.height and checked["grad_fp16"].mean() > 0.5:
-                evidence.append(f"the gradients hold only float16 values at {checked['grad_fp16'].mean():.0%} "
-                                f"of {checked.height} checked rank-steps")
+                evidence.append(
+                    f"the gradients hold only float16 values at {checked['grad_fp16'].mean():.0%} "
+                    f"of {checked.height} checked rank-steps"
+                )
         if not evidence:
             return None
         scales = steps["loss_scale"].drop_nulls()

@@ -62,8 +62,9 @@ class LossScaleCollapse(Rule):
                     worst_ratio = (skipped / n, n, skipped)
         evidence: list[str] = []
         if at_minimum is not None:
-            evidence.append(f"the loss scaler reached its floor: {at_minimum.source}:{at_minimum.line}: "
-                            f"{at_minimum.raw[:160]}")
+            evidence.append(
+                f"the loss scaler reached its floor: {at_minimum.source}:{at_minimum.line}: {at_minimum.raw[:160]}"
+            )
         if worst_ratio is not None and worst_ratio[0] > SKIPPED_FRACTION:
             evidence.append(f"{worst_ratio[2]} of {worst_ratio[1]} steps skipped for overflow")
         falling = self._falling_run(scales)

@@ -46,21 +46,31 @@ class NonfiniteLoss(Rule):
         ranks_ever = sorted(int(r) for r in bad["rank"].unique())
         value = bad.filter(pl.col("step") == first_step)["loss"][0]
         what = "NaN" if value != value else ("+inf" if value > 0 else "-inf")
-        evidence = [f"the loss is {what} on {fmt_ranks(first)} at step {first_step}, "
-                    f"{bad.height} non-finite values in all (on {fmt_ranks(ranks_ever)})"]
+        evidence = [
+            f"the loss is {what} on {fmt_ranks(first)} at step {first_step}, "
+            f"{bad.height} non-finite values in all (on {fmt_ranks(ranks_ever)})"
+        ]
         at_first = losses.filter(pl.col("step") == first_step)
         finite_peers = sorted(int(r) for r in at_first.filter(pl.col("loss").is_finite())["rank"])
         if finite_peers:
-            evidence.append(f"{fmt_ranks(finite_peers)} still had a finite loss at that step: "
-                            f"{fmt_ranks(first)} went first")
+            evidence.append(
+                f"{fmt_ranks(finite_peers)} still had a finite loss at that step: {fmt_ranks(first)} went first"
+            )
             confidence = 0.85
         else:
-            evidence.append("every rank with a loss went non-finite at the same step: the numerics of "
-                            "the whole job (step size, precision), not one rank's")
+            evidence.append(
+                "every rank with a loss went non-finite at the same step: the numerics of "
+                "the whole job (step size, precision), not one rank's"
+            )
             confidence = 0.6
         if ev.overflow_steps:
             evidence.append(f"{ev.overflow_steps} steps were skipped for overflow by the loss scaler")
             confidence = max(confidence, 0.8)
-        return self.found(confidence, evidence, ranks=first if len(first) < len(ranks_with_loss) else ranks_with_loss,
-                          step=first_step, title=f"Loss became {what} at step {first_step} on {fmt_ranks(first)}",
-                          severity="error" if finite_peers or ev.overflow_steps else "warning")
+        return self.found(
+            confidence,
+            evidence,
+            ranks=first if len(first) < len(ranks_with_loss) else ranks_with_loss,
+            step=first_step,
+            title=f"Loss became {what} at step {first_step} on {fmt_ranks(first)}",
+            severity="error" if finite_peers or ev.overflow_steps else "warning",
+        )

@@ -41,8 +41,13 @@ class CommunicationFault(Rule):
         # A timeout that was retried or reconnected is a retry: the job went on.
         hard = [e for e in ev.events_of("timeout", "watchdog", "network") if not _is_retry(e.raw)]
         retries = [e for e in ev.events_of("retry", "timeout", "network") if _is_retry(e.raw)]
-        if hard and ev.records is not None and ev.records.ends and all(
-                end.get("status") == "ok" for end in ev.records.ends.values()) and not ev.ended_early:
+        if (
+            hard
+            and ev.records is not None
+            and ev.records.ends
+            and all(end.get("status") == "ok" for end in ev.records.ends.values())
+            and not ev.ended_early
+        ):
             retries, hard = hard + retries, []  # every rank finished: they did not stop the job
         if not hard and not retries:
             return None
@@ -50,36 +55,54 @@ class CommunicationFault(Rule):
             first = min(hard, key=lambda e: (e.t is None, e.t or 0))
             ranks = sorted({e.rank for e in hard if e.rank is not None})
             silent = self._silent_ranks(ev, ranks)
-            evidence = [f"{len(hard)} timeout/network events on {fmt_ranks(ranks) if ranks else 'unknown ranks'}; "
-                        f"first: {first.source}:{first.line}: {first.raw[:180]}"]
+            evidence = [
+                f"{len(hard)} timeout/network events on {fmt_ranks(ranks) if ranks else 'unknown ranks'}; "
+                f"first: {first.source}:{first.line}: {first.raw[:180]}"
+            ]
             if silent:
-                evidence.append(f"{fmt_ranks(silent)} reported no communication error: the stalled peer the others waited for")
+                evidence.append(
+                    f"{fmt_ranks(silent)} reported no communication error: the stalled peer the others waited for"
+                )
             confidence = 0.8
             finished = self._finished_ranks(ev)
             if finished and set(finished) != set(ev.ranks):
                 # A peer that exited normally while others still waited: one side made
                 # more collectives (uneven steps), the network did nothing wrong.
                 confidence = 0.5
-                evidence.append(f"{fmt_ranks(finished)} finished normally while the others still waited for "
-                                "them: the ranks did not make the same number of collectives")
+                evidence.append(
+                    f"{fmt_ranks(finished)} finished normally while the others still waited for "
+                    "them: the ranks did not make the same number of collectives"
+                )
             crashed_first = first_process_failure(ev.events)
             if crashed_first is not None:
                 confidence = 0.45  # a peer died first: the timeouts are its consequence
-                evidence.append(f"but {crashed_first.source}:{crashed_first.line} shows a process ending first "
-                                f"({crashed_first.kind}): the timeouts are its consequence")
+                evidence.append(
+                    f"but {crashed_first.source}:{crashed_first.line} shows a process ending first "
+                    f"({crashed_first.kind}): the timeouts are its consequence"
+                )
             return self.found(confidence, evidence, ranks=silent or ranks, step=first.step)
-        return self.found(0.3, [f"{len(retries)} retries/reconnects; first: {retries[0].source}:{retries[0].line}: "
-                                f"{retries[0].raw[:180]}",
-                                "a retry that 'succeeds' may have left a rank out of the average; compare replicas"],
-                          ranks=sorted({e.rank for e in retries if e.rank is not None}), step=retries[0].step,
-                          # Retries matter when replicas part; in a healthy run they are a note.
-                          severity="warning" if ev.divergence else "info", title="Communication retries")
+        return self.found(
+            0.3,
+            [
+                f"{len(retries)} retries/reconnects; first: {retries[0].source}:{retries[0].line}: "
+                f"{retries[0].raw[:180]}",
+                "a retry that 'succeeds' may have left a rank out of the average; compare replicas",
+            ],
+            ranks=sorted({e.rank for e in retries if e.rank is not None}),
+            step=retries[0].step,
+            # Retries matter when replicas part; in a healthy run they are a note.
+            severity="warning" if ev.divergence else "info",
+            title="Communication retries",
+        )
 
     @staticmethod
     def _finished_ranks(ev: Evidence) -> list[int]:
         if ev.records is not None and ev.records.ends:
-            return sorted(r for r, end in ev.records.ends.items() if end.get("status") == "ok"
-                          and not any(c.get("rank") == r for c in ev.incomplete_checks))
+            return sorted(
+                r
+                for r, end in ev.records.ends.items()
+                if end.get("status") == "ok" and not any(c.get("rank") == r for c in ev.incomplete_checks)
+            )
         return []
 
     @staticmethod

@@ -47,9 +47,15 @@ class ProcessCrash(Rule):
         if first is None:
             early = [r for r in ev.ended_early if r not in {e.rank for e in ev.real_events}]
             if ev.records is not None and early and len(early) < len(ev.ranks):
-                return self.found(0.55, [f"{fmt_ranks(early)} stopped writing records without an end record "
-                                         "and left no error (killed: SIGKILL, OOM killer?)"], ranks=early,
-                                  step=min(int(ev.step_counts.get(r, 0)) for r in early))
+                return self.found(
+                    0.55,
+                    [
+                        f"{fmt_ranks(early)} stopped writing records without an end record "
+                        "and left no error (killed: SIGKILL, OOM killer?)"
+                    ],
+                    ranks=early,
+                    step=min(int(ev.step_counts.get(r, 0)) for r in early),
+                )
             return None
         low = first.raw.lower()
         peer = peer_closed(first.raw)
@@ -64,15 +70,18 @@ class ProcessCrash(Rule):
             confidence = 0.75 if own_error else 0.4
         who = f"rank {first.rank}" if first.rank is not None else "rank ?"
         if peer is not None:
-            evidence = [f"first failure: NCCL saw local rank {peer}'s process close its connection "
-                        f"({first.source}:{first.line}): that process ended before the others"]
+            evidence = [
+                f"first failure: NCCL saw local rank {peer}'s process close its connection "
+                f"({first.source}:{first.line}): that process ended before the others"
+            ]
         else:
             evidence = [f"first failure: {who}: {first.source}:{first.line}: {first.raw[:200]}"]
         if consequence:
             evidence.append("but a communication timeout came before it: the crash may be its consequence")
         others = [e for e in ev.events_of("timeout", "network", "watchdog") if e.rank != first.rank]
         if others and not consequence:
-            evidence.append(f"then {len(others)} communication errors on "
-                            f"{fmt_ranks({e.rank for e in others if e.rank is not None}) or 'other ranks'}: consequences, not causes")
-        return self.found(confidence, evidence, ranks=[first.rank] if first.rank is not None else [],
-                          step=first.step)
+            evidence.append(
+                f"then {len(others)} communication errors on "
+                f"{fmt_ranks({e.rank for e in others if e.rank is not None}) or 'other ranks'}: consequences, not causes"
+            )
+        return self.found(confidence, evidence, ranks=[first.rank] if first.rank is not None else [], step=first.step)

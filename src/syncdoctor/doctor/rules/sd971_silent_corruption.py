@@ -10,11 +10,24 @@ from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.rulebook import fmt_ranks
 
 CORRUPTIBLE = {"param", "opt", "grad", "buffer"}  # what a flipped bit changes
-BUG_MARKS = {"counter": "step counters", "config": "optimizer/loss configuration", "mode": "train/eval modes",
-             "data": "data"}
+BUG_MARKS = {
+    "counter": "step counters",
+    "config": "optimizer/loss configuration",
+    "mode": "train/eval modes",
+    "data": "data",
+}
 # Settings that must be alike on every rank (the loader's rank differs by design).
-SNAPSHOT_ALIKE = (("loss",), ("optimizer", "param_groups"), ("ddp",), ("global_batch",), ("loader", "seed"),
-                  ("loader", "shuffle"), ("loader", "num_replicas"), ("code", "entry_sha256"), ("tensors",))
+SNAPSHOT_ALIKE = (
+    ("loss",),
+    ("optimizer", "param_groups"),
+    ("ddp",),
+    ("global_batch",),
+    ("loader", "seed"),
+    ("loader", "shuffle"),
+    ("loader", "num_replicas"),
+    ("code", "entry_sha256"),
+    ("tensors",),
+)
 DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "ASCEND_DEVICE_ID", "DEVICE_ID", "LOCAL_RANK")
 
 
@@ -22,8 +35,11 @@ def heal_events(ev: Evidence) -> list[dict[str, Any]]:
     """The probe's heal records (on_mismatch="heal"), one per rank and heal."""
     if ev.records is None:
         return []
-    return [e for e in ev.records.events if e.get("event") == "heal" and isinstance(e.get("heal"), dict)
-            and isinstance(e.get("step"), int)]
+    return [
+        e
+        for e in ev.records.events
+        if e.get("event") == "heal" and isinstance(e.get("heal"), dict) and isinstance(e.get("step"), int)
+    ]
 
 
 def device_of(ev: Evidence, rank: int) -> dict[str, Any]:
@@ -33,8 +49,7 @@ def device_of(ev: Evidence, rank: int) -> dict[str, Any]:
     device = next((f"{k}={env[k]}" for k in DEVICE_ENV if env.get(k) not in (None, "")), None)
     if device is None and isinstance(snap.get("local_rank"), int):
         device = f"LOCAL_RANK={snap['local_rank']}"
-    return {"rank": rank, "host": snap.get("host") if isinstance(snap.get("host"), str) else None,
-            "device": device}
+    return {"rank": rank, "host": snap.get("host") if isinstance(snap.get("host"), str) else None, "device": device}
 
 
 def where(ev: Evidence, rank: int) -> str:
@@ -103,23 +118,28 @@ class SilentCorruption(Rule):
         agree = "step counters, optimizer/loss configuration, train/eval modes and data agree"
         if odd:
             culprit = ", ".join(where(ev, r) for r in odd)
-            evidence = [f"{culprit} parted from the other {world - len(odd)} ranks at step {div.step}: "
-                        f"{parted}{tensor}; {agree}"]
+            evidence = [
+                f"{culprit} parted from the other {world - len(odd)} ranks at step {div.step}: "
+                f"{parted}{tensor}; {agree}"
+            ]
             title = f"Silent data corruption on {culprit}: its replica changed alone at step {div.step}"
             confidence = 0.93
         else:
-            evidence = [f"{fmt_ranks(div.ranks)} parted at step {div.step}: {parted}{tensor}; {agree}",
-                        "no strict majority (two replicas, or an even split): nothing says which copy changed; "
-                        "a third replica, or recomputing the step on another device, would tell"]
-            title = (f"Silent data corruption suspected at step {div.step}: one of {fmt_ranks(div.ranks)} changed, "
-                     "which one cannot be told")
+            evidence = [
+                f"{fmt_ranks(div.ranks)} parted at step {div.step}: {parted}{tensor}; {agree}",
+                "no strict majority (two replicas, or an even split): nothing says which copy changed; "
+                "a third replica, or recomputing the step on another device, would tell",
+            ]
+            title = (
+                f"Silent data corruption suspected at step {div.step}: one of {fmt_ranks(div.ranks)} changed, "
+                "which one cannot be told"
+            )
             confidence = 0.88
         evidence.append(f"the replicas were bitwise equal at every check before step {div.step}")
         for heal in self._heal_lines(ev, heals, checks):
             evidence.append(heal)
         confidence += 0.03 if heals else 0.0
-        return self.found(confidence, evidence, ranks=odd or div.ranks, step=div.step, tensor=div.tensor,
-                          title=title)
+        return self.found(confidence, evidence, ranks=odd or div.ranks, step=div.step, tensor=div.tensor, title=title)
 
     @staticmethod
     def _setup_differs(ev: Evidence) -> bool:
@@ -136,9 +156,13 @@ class SilentCorruption(Rule):
         # Reduced gradients that still differ at the last step they were measured: a
         # reduction that keeps leaving someone out, not one flipped value.
         if "grad_fp" in ev.steps.columns:
-            measured = (ev.steps.filter(pl.col("grad_fp").is_not_null() & (pl.col("step") > step))
-                        .group_by("step").agg(pl.col("grad_fp").n_unique().alias("k"), pl.len().alias("n"))
-                        .filter(pl.col("n") > 1).sort("step"))
+            measured = (
+                ev.steps.filter(pl.col("grad_fp").is_not_null() & (pl.col("step") > step))
+                .group_by("step")
+                .agg(pl.col("grad_fp").n_unique().alias("k"), pl.len().alias("n"))
+                .filter(pl.col("n") > 1)
+                .sort("step")
+            )
             if measured.height and measured["k"][-1] > 1:
                 return True
         return False
@@ -159,8 +183,7 @@ class SilentCorruption(Rule):
         transient flip (a heal's own check already sees the restored state)."""
         if any("persistent" in str(e["heal"].get("reason")) for e in heal_events(ev)):
             return True
-        every = next((s.get("check_every") for s in ev.snapshots.values() if isinstance(s.get("check_every"), int)),
-                     1)
+        every = next((s.get("check_every") for s in ev.snapshots.values() if isinstance(s.get("check_every"), int)), 1)
         steps = {int(e["step"]) for e in heals}
         return any(s < c["step"] <= s + every for s in steps for c in checks)
 
@@ -177,14 +200,18 @@ class SilentCorruption(Rule):
             if isinstance(heal.get("bytes"), int) and isinstance(heal.get("seconds"), (int, float)):
                 cost = f" ({heal['bytes']:,} bytes in {heal['seconds'] * 1e3:.1f} ms)"
             odd = [r for r in heal.get("odd") or [] if isinstance(r, int)] if isinstance(heal.get("odd"), list) else []
-            lines.append(f"healed at step {e['step']}: {fmt_ranks(odd) if odd else 'the odd rank'} restored from rank "
-                         f"{heal.get('source')}{cost}")
+            lines.append(
+                f"healed at step {e['step']}: {fmt_ranks(odd) if odd else 'the odd rank'} restored from rank "
+                f"{heal.get('source')}{cost}"
+            )
         if lines:
             last = max(int(e["step"]) for e in heals)
             later_ok = [c for c in ev.checks if c.get("status") == "ok" and c["step"] > last]
             if later_ok and not [c for c in checks if c["step"] > last]:
                 lines.append(f"every check after the heal at step {last} agreed")
-        aborted = {(e["step"], e["heal"].get("reason")) for e in heal_events(ev) if e["heal"].get("status") == "aborted"}
+        aborted = {
+            (e["step"], e["heal"].get("reason")) for e in heal_events(ev) if e["heal"].get("status") == "aborted"
+        }
         lines += [f"heal at step {st} aborted: {r}" for st, r in sorted(aborted, key=lambda a: a[0]) if r]
         refused = {e["heal"].get("reason") for e in heal_events(ev) if e["heal"].get("status") == "refused"}
         lines += [f"not healed: {r}" for r in sorted(r for r in refused if isinstance(r, str))]

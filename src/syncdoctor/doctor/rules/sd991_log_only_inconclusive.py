@@ -35,5 +35,10 @@ class LogOnlyInconclusive(Rule):
         if ev.has_records or len(ev.ranks) > 1 or ev.events_of(*_FAILURES):
             return None
         seen = f"the loss of rank {ev.ranks[0]} only" if ev.ranks else "no per-rank training loss"
-        return self.found(0.5, [f"this log holds {seen} and no error: replicas cannot be compared from it",
-                                "next: syncdoctor run -- <launcher ...>, then syncdoctor diagnose <run folder>"])
+        return self.found(
+            0.5,
+            [
+                f"this log holds {seen} and no error: replicas cannot be compared from it",
+                "next: syncdoctor run -- <launcher ...>, then syncdoctor diagnose <run folder>",
+            ],
+        )

@@ -32,8 +32,10 @@ class ServerCountMismatch(Check):
             if declared is None:
                 msg = f"server_count {group.server_count!r}{group.where()} is not a whole number"
             elif declared != listed:
-                msg = (f"server_count is {declared}{group.where()} but {listed} "
-                       f"server{'s are' if listed != 1 else ' is'} listed")
+                msg = (
+                    f"server_count is {declared}{group.where()} but {listed} "
+                    f"server{'s are' if listed != 1 else ' is'} listed"
+                )
             else:
                 continue
             yield Hit(msg, *group.server_count_pos)

@@ -38,8 +38,9 @@ class RankIdNotContiguous(Check):
                 elif rid is None:
                     msg = f"rank_id {d.rank_id!r}{group.where()} is not a whole number"
                 elif rid >= n:
-                    msg = (f"rank_id {rid}{group.where()} is out of range: {n} devices take "
-                           f"ids 0..{n - 1}" + (f" (missing: {_short(missing)})" if missing else ""))
+                    msg = f"rank_id {rid}{group.where()} is out of range: {n} devices take ids 0..{n - 1}" + (
+                        f" (missing: {_short(missing)})" if missing else ""
+                    )
                 else:
                     continue
                 yield Hit(msg, *d.at("rank_id"))

@@ -29,8 +29,9 @@ class DuplicateDeviceId(Check):
             for server in group.servers:
                 for d in server.devices:
                     if d.device_id is None:
-                        yield Hit(f"device with rank_id {d.rank_id!r} on server "
-                                  f"{server.server_id} has no device_id", *d.pos)
+                        yield Hit(
+                            f"device with rank_id {d.rank_id!r} on server {server.server_id} has no device_id", *d.pos
+                        )
                 key = lambda d: str(d.device_id).strip() if d.device_id is not None else None  # noqa: E731
                 for first, dup, n in repeats(server.devices, key):
                     yield Hit(

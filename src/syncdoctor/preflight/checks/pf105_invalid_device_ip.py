@@ -29,8 +29,10 @@ class InvalidDeviceIp(Check):
             for d in group.devices:
                 problem = _problem(d.device_ip)
                 if problem:
-                    yield Hit(f"device_ip of rank_id {d.rank_id!r} (server {d.server}, "
-                              f"device {d.device_id!r}) {problem}", *d.at("device_ip"))
+                    yield Hit(
+                        f"device_ip of rank_id {d.rank_id!r} (server {d.server}, device {d.device_id!r}) {problem}",
+                        *d.at("device_ip"),
+                    )
 
 
 def _problem(value: object) -> str | None:

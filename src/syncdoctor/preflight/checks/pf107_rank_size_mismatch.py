@@ -45,5 +45,9 @@ class RankSizeMismatch(Check):
             if value in reported or (value.isdigit() and int(value) in sizes):
                 continue
             reported.add(value)
-            yield Hit(f"{var}={value} in {where} but {table} lists "
-                      f"{' or '.join(map(str, sorted(sizes)))} devices", 1, 1, table)
+            yield Hit(
+                f"{var}={value} in {where} but {table} lists {' or '.join(map(str, sorted(sizes)))} devices",
+                1,
+                1,
+                table,
+            )

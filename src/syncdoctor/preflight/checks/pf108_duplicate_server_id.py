@@ -26,5 +26,7 @@ class DuplicateServerId(Check):
     def evaluate(self, ctx: RankTableContext) -> Iterator[Hit]:
         for group in ctx.table.groups:
             for first, dup, n in repeats(group.servers, lambda s: s.server_id):
-                yield Hit(f"server_id {dup.server_id} is listed {n} times{group.where()} "
-                          f"(first at line {first.pos[0]})", *dup.pos)
+                yield Hit(
+                    f"server_id {dup.server_id} is listed {n} times{group.where()} (first at line {first.pos[0]})",
+                    *dup.pos,
+                )

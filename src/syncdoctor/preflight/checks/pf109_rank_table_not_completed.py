@@ -26,5 +26,6 @@ class RankTableNotCompleted(Check):
     def evaluate(self, ctx: RankTableContext) -> Iterator[Hit]:
         status = ctx.table.status
         if status is not None and str(status).strip().lower() != "completed":
-            yield Hit(f'status is {status!r}, not "completed": the table may still be '
-                      "being written", *ctx.table.status_pos)
+            yield Hit(
+                f'status is {status!r}, not "completed": the table may still be being written', *ctx.table.status_pos
+            )

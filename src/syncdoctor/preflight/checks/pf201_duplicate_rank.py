@@ -28,5 +28,4 @@ class DuplicateRank(Check):
     def evaluate(self, ctx: EnvGroup) -> Iterator[Hit]:
         for var in ("RANK", "RANK_ID"):
             for first, dup, n in repeats(ctx.snapshots, lambda s, v=var: s.get_int(v)):
-                yield Hit(f"{var}={dup.get(var)} is set in {n} processes "
-                          f"(also in {first.path})", dup.line, 1, dup.path)
+                yield Hit(f"{var}={dup.get(var)} is set in {n} processes (also in {first.path})", dup.line, 1, dup.path)

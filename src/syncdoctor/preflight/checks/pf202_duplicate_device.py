@@ -41,9 +41,6 @@ class DuplicateDevice(Check):
 
     def evaluate(self, ctx: EnvGroup) -> Iterator[Hit]:
         keyed = [(s, physical_device(s)) for s in ctx.snapshots]
-        for (first, dev), (dup, _), n in repeats(
-            keyed, lambda p: (p[0].node, p[1]) if p[1] is not None else None
-        ):
+        for (first, dev), (dup, _), n in repeats(keyed, lambda p: (p[0].node, p[1]) if p[1] is not None else None):
             node = "" if first.node == "?" else f" on {first.node}"
-            yield Hit(f"device {dev} is used by {n} processes{node} (also by {first.path})",
-                      dup.line, 1, dup.path)
+            yield Hit(f"device {dev} is used by {n} processes{node} (also by {first.path})", dup.line, 1, dup.path)

@@ -29,16 +29,28 @@ class LocalRankMismatch(Check):
         with_local = [s for s in ctx.snapshots if s.get_int("LOCAL_RANK") is not None]
         for first, dup, n in repeats(with_local, lambda s: (s.node, s.get_int("LOCAL_RANK"))):
             node = "" if first.node == "?" else f" on {first.node}"
-            yield Hit(f"LOCAL_RANK={dup.get('LOCAL_RANK')} is set in {n} processes{node} "
-                      f"(also in {first.path})", dup.line, 1, dup.path)
+            yield Hit(
+                f"LOCAL_RANK={dup.get('LOCAL_RANK')} is set in {n} processes{node} (also in {first.path})",
+                dup.line,
+                1,
+                dup.path,
+            )
         for s in with_local:
             local = s.get_int("LOCAL_RANK")
             assert local is not None
             local_world = s.get_int("LOCAL_WORLD_SIZE")
             visible = visible_devices(s)
             if local_world is not None and not 0 <= local < local_world:
-                yield Hit(f"LOCAL_RANK={local} is outside 0..{local_world - 1} "
-                          f"(LOCAL_WORLD_SIZE={local_world})", s.line, 1, s.path)
+                yield Hit(
+                    f"LOCAL_RANK={local} is outside 0..{local_world - 1} (LOCAL_WORLD_SIZE={local_world})",
+                    s.line,
+                    1,
+                    s.path,
+                )
             elif visible is not None and len(visible) > 1 and not 0 <= local < len(visible):
-                yield Hit(f"LOCAL_RANK={local} but only {len(visible)} devices are visible "
-                          f"({','.join(visible)})", s.line, 1, s.path)
+                yield Hit(
+                    f"LOCAL_RANK={local} but only {len(visible)} devices are visible ({','.join(visible)})",
+                    s.line,
+                    1,
+                    s.path,
+                )

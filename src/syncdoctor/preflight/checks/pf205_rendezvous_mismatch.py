@@ -36,5 +36,4 @@ class RendezvousMismatch(Check):
             for s in ctx.snapshots:
                 value = s.get(var)
                 if value is not None and value != common:
-                    yield Hit(f"{var}={value} here but {var}={common} in {count} other "
-                              "processes", s.line, 1, s.path)
+                    yield Hit(f"{var}={value} here but {var}={common} in {count} other processes", s.line, 1, s.path)

@@ -5,8 +5,7 @@ from collections.abc import Iterator
 from syncdoctor.preflight.model import Check, Hit
 from syncdoctor.preflight.script import ScriptContext
 
-_SEEDS = {"torch": ("seed:torch", "torch.manual_seed(seed)"),
-          "mindspore": ("seed:mindspore", "ms.set_seed(seed)")}
+_SEEDS = {"torch": ("seed:torch", "torch.manual_seed(seed)"), "mindspore": ("seed:mindspore", "ms.set_seed(seed)")}
 
 
 class FrameworkSeedMissing(Check):
@@ -35,5 +34,8 @@ class FrameworkSeedMissing(Check):
         for framework in sorted(ctx.frameworks):
             fact, call = _SEEDS[framework]
             if not {fact, "seed:all"} & ctx.project_facts:
-                yield Hit.at(anchor.node, f"data-parallel {framework} script never seeds the "
-                             f"framework RNG: call {call} with the same seed on every rank")
+                yield Hit.at(
+                    anchor.node,
+                    f"data-parallel {framework} script never seeds the "
+                    f"framework RNG: call {call} with the same seed on every rank",
+                )

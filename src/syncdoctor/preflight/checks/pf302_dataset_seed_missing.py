@@ -31,12 +31,16 @@ class DatasetSeedMissing(Check):
             return
         for c in ctx.calls:
             shuffle = c.kw("shuffle")
-            source = c.under("mindspore.dataset") and c.name.endswith("Dataset") and (
-                shuffle is None or literal(shuffle.value) not in (False, None)
+            source = (
+                c.under("mindspore.dataset")
+                and c.name.endswith("Dataset")
+                and (shuffle is None or literal(shuffle.value) not in (False, None))
             )
-            method = c.name == "shuffle" and c.qual is None and c.receiver is not None \
-                and c.kw("seed") is None
+            method = c.name == "shuffle" and c.qual is None and c.receiver is not None and c.kw("seed") is None
             if source or method:
-                yield Hit.at(c.node, "dataset shuffles without a dataset seed: call "
-                             "ds.config.set_seed(seed) with the same seed on every rank")
+                yield Hit.at(
+                    c.node,
+                    "dataset shuffles without a dataset seed: call "
+                    "ds.config.set_seed(seed) with the same seed on every rank",
+                )
                 return

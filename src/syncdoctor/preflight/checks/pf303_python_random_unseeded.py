@@ -5,10 +5,24 @@ from collections.abc import Iterator
 from syncdoctor.preflight.model import Check, Hit
 from syncdoctor.preflight.script import ScriptContext
 
-RANDOM_FUNCS = frozenset({
-    "random", "randint", "randrange", "choice", "choices", "shuffle", "sample", "uniform",
-    "gauss", "normalvariate", "triangular", "betavariate", "getrandbits", "randbytes",
-})
+RANDOM_FUNCS = frozenset(
+    {
+        "random",
+        "randint",
+        "randrange",
+        "choice",
+        "choices",
+        "shuffle",
+        "sample",
+        "uniform",
+        "gauss",
+        "normalvariate",
+        "triangular",
+        "betavariate",
+        "getrandbits",
+        "randbytes",
+    }
+)
 
 
 class PythonRandomUnseeded(Check):
@@ -34,6 +48,9 @@ class PythonRandomUnseeded(Check):
             return
         for c in ctx.calls:
             if c.qual == f"random.{c.name}" and c.name in RANDOM_FUNCS:
-                yield Hit.at(c.node, f"random.{c.name}() is used but the random module is never "
-                             "seeded: call random.seed(seed) at start-up")
+                yield Hit.at(
+                    c.node,
+                    f"random.{c.name}() is used but the random module is never "
+                    "seeded: call random.seed(seed) at start-up",
+                )
                 return

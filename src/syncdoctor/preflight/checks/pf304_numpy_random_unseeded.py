@@ -6,8 +6,9 @@ from syncdoctor.preflight.model import Check, Hit
 from syncdoctor.preflight.script import ScriptContext, literal
 
 GENERATORS = frozenset({"default_rng", "RandomState", "Generator"})
-NOT_SAMPLING = frozenset({"seed", "get_state", "set_state", "SeedSequence", "PCG64", "MT19937",
-                          "Philox", "SFC64", "BitGenerator"})
+NOT_SAMPLING = frozenset(
+    {"seed", "get_state", "set_state", "SeedSequence", "PCG64", "MT19937", "Philox", "SFC64", "BitGenerator"}
+)
 
 
 class NumpyRandomUnseeded(Check):
@@ -38,9 +39,12 @@ class NumpyRandomUnseeded(Check):
             if c.name in GENERATORS:
                 seed = c.arg(0, "seed")
                 if seed is None or literal(seed) is None:
-                    yield Hit.at(c.node, f"np.random.{c.name}() without a seed draws fresh OS "
-                                 "entropy on every rank: pass a seed")
+                    yield Hit.at(
+                        c.node, f"np.random.{c.name}() without a seed draws fresh OS entropy on every rank: pass a seed"
+                    )
             elif not seeded and not reported_global:
                 reported_global = True
-                yield Hit.at(c.node, f"np.random.{c.name}() is used but NumPy is never seeded: "
-                             "call np.random.seed(seed) at start-up")
+                yield Hit.at(
+                    c.node,
+                    f"np.random.{c.name}() is used but NumPy is never seeded: call np.random.seed(seed) at start-up",
+                )

@@ -30,8 +30,10 @@ class ShuffleAfterShard(Check):
         for c in ctx.calls:
             if c.name != "shuffle" or c.qual is not None or c.receiver is None:
                 continue
-            shard = next((s for s in ctx.chain(c.receiver, c.node.lineno) if is_shard_point(s)),
-                         None)
+            shard = next((s for s in ctx.chain(c.receiver, c.node.lineno) if is_shard_point(s)), None)
             if shard is not None:
-                yield Hit.at(c.node, f"shuffle after shard (line {shard.node.lineno}): each rank "
-                             "shuffles only its own shard; shuffle before sharding")
+                yield Hit.at(
+                    c.node,
+                    f"shuffle after shard (line {shard.node.lineno}): each rank "
+                    "shuffles only its own shard; shuffle before sharding",
+                )

@@ -34,15 +34,20 @@ class PartialLastBatch(Check):
                 continue
             if c.name == "DataLoader" and (c.qual is None or c.under("torch")):
                 if _distributed_sampler(ctx, c) and _off(c, "drop_last"):
-                    yield Hit.at(c.node, "DataLoader with a DistributedSampler keeps the partial "
-                                 "last batch: pass drop_last=True")
+                    yield Hit.at(
+                        c.node, "DataLoader with a DistributedSampler keeps the partial last batch: pass drop_last=True"
+                    )
             elif (
-                c.name == "batch" and "mindspore" in ctx.frameworks and c.qual is None
-                and (c.node.args or c.kw("batch_size") is not None) and _off(c, "drop_remainder")
+                c.name == "batch"
+                and "mindspore" in ctx.frameworks
+                and c.qual is None
+                and (c.node.args or c.kw("batch_size") is not None)
+                and _off(c, "drop_remainder")
                 and any(is_shard_point(s) for s in ctx.chain(c.receiver, c.node.lineno))
             ):
-                yield Hit.at(c.node, "sharded dataset is batched without drop_remainder=True: "
-                             "ranks get a partial last batch")
+                yield Hit.at(
+                    c.node, "sharded dataset is batched without drop_remainder=True: ranks get a partial last batch"
+                )
 
 
 def _off(c: CallInfo, name: str) -> bool:
@@ -55,8 +60,7 @@ def _distributed_sampler(ctx: ScriptContext, loader: CallInfo) -> bool:
     sampler = loader.kw("sampler")
     for value in ctx.bound_values(sampler.value if sampler else None):
         if isinstance(value, ast.Call):
-            name = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(
-                value.func, "id", "")
+            name = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", "")
             if name.endswith("DistributedSampler"):
                 return True
     return False

@@ -29,8 +29,8 @@ class SamplerWithoutSetEpoch(Check):
             return
         for c in ctx.calls:
             shuffle = c.arg(3, "shuffle")
-            if c.name.endswith("DistributedSampler") and (
-                shuffle is None or literal(shuffle) is not False
-            ):
-                yield Hit.at(c.node, "DistributedSampler shuffles but set_epoch() is never "
-                             "called: every epoch repeats the same order")
+            if c.name.endswith("DistributedSampler") and (shuffle is None or literal(shuffle) is not False):
+                yield Hit.at(
+                    c.node,
+                    "DistributedSampler shuffles but set_epoch() is never called: every epoch repeats the same order",
+                )

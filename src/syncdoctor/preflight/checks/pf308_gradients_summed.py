@@ -32,18 +32,30 @@ class GradientsSummed(Check):
             if c.name == "set_auto_parallel_context" and not c.has_kwargs_splat():
                 mean, mode = c.kw("gradients_mean"), c.kw("parallel_mode")
                 if mean is not None and literal(mean.value) is False:
-                    yield Hit.at(c.node, "gradients_mean=False: gradients are summed over the "
-                                 "cards; set gradients_mean=True")
-                elif mean is None and mode is not None and not _stand_alone(mode.value) \
-                        and "gradients_mean" not in ctx.project_facts:
-                    yield Hit.at(c.node, "parallel_mode is set without gradients_mean=True: "
-                                 "MindSpore sums the gradients over the cards by default")
+                    yield Hit.at(
+                        c.node, "gradients_mean=False: gradients are summed over the cards; set gradients_mean=True"
+                    )
+                elif (
+                    mean is None
+                    and mode is not None
+                    and not _stand_alone(mode.value)
+                    and "gradients_mean" not in ctx.project_facts
+                ):
+                    yield Hit.at(
+                        c.node,
+                        "parallel_mode is set without gradients_mean=True: "
+                        "MindSpore sums the gradients over the cards by default",
+                    )
             elif c.name == "DistributedGradReducer" and literal(c.arg(1, "mean")) is False:
-                yield Hit.at(c.node, "DistributedGradReducer(mean=False) sums the gradients "
-                             "over the cards; pass mean=True")
+                yield Hit.at(
+                    c.node, "DistributedGradReducer(mean=False) sums the gradients over the cards; pass mean=True"
+                )
             elif c.name == "all_reduce" and _sums_grad(ctx, c):
-                yield Hit.at(c.node, "all_reduce of a gradient with the default SUM and no "
-                             "division by the world size; divide, or use ReduceOp.AVG")
+                yield Hit.at(
+                    c.node,
+                    "all_reduce of a gradient with the default SUM and no "
+                    "division by the world size; divide, or use ReduceOp.AVG",
+                )
 
 
 def _stand_alone(value: ast.expr) -> bool:
@@ -65,5 +77,8 @@ def _sums_grad(ctx: ScriptContext, c: CallInfo) -> bool:
 def _divides(node: ast.AST) -> bool:
     if isinstance(node, ast.BinOp | ast.AugAssign):
         return isinstance(node.op, ast.Div)
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-        node.func.attr in ("div_", "div", "true_divide", "mul_", "divide")
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("div_", "div", "true_divide", "mul_", "divide")
+    )

@@ -29,19 +29,33 @@ class TrainModeNotSet(Check):
         facts = ctx.project_facts
         if "mindspore" in ctx.frameworks and not {"set_train", "ms_model"} & facts:
             for c in ctx.calls:
-                if (c.name in ("value_and_grad", "GradOperation") and c.under("mindspore")) or \
-                        c.name.startswith("TrainOneStep"):
-                    yield Hit.at(c.node, "hand-written MindSpore training loop but set_train() is "
-                                 "never called: the network stays in inference mode")
+                if (c.name in ("value_and_grad", "GradOperation") and c.under("mindspore")) or c.name.startswith(
+                    "TrainOneStep"
+                ):
+                    yield Hit.at(
+                        c.node,
+                        "hand-written MindSpore training loop but set_train() is "
+                        "never called: the network stays in inference mode",
+                    )
                     return
         if "torch" in ctx.frameworks and "backward" in ctx.facts:
-            trained = {_root(c) for c in ctx.calls
-                       if c.name == "train" and (not c.node.args or literal(c.node.args[0]) is not False)}
+            trained = {
+                _root(c)
+                for c in ctx.calls
+                if c.name == "train" and (not c.node.args or literal(c.node.args[0]) is not False)
+            }
             for c in ctx.calls:
-                if c.name == "eval" and not c.node.args and c.qual is None \
-                        and _root(c) not in trained and _root(c) is not None:
-                    yield Hit.at(c.node, f"{_root(c)}.eval() is never undone by .train(): "
-                                 "training that follows runs in inference mode")
+                if (
+                    c.name == "eval"
+                    and not c.node.args
+                    and c.qual is None
+                    and _root(c) not in trained
+                    and _root(c) is not None
+                ):
+                    yield Hit.at(
+                        c.node,
+                        f"{_root(c)}.eval() is never undone by .train(): training that follows runs in inference mode",
+                    )
 
 
 def _root(c: object) -> str | None:

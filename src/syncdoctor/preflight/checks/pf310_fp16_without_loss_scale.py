@@ -29,14 +29,17 @@ class Fp16WithoutLossScale(Check):
         if "loss_scale" in ctx.project_facts:
             return
         trains = bool({"backward", "custom_loop", "ms_model"} & ctx.facts) or any(
-            c.name.startswith("TrainOneStep") for c in ctx.calls)
+            c.name.startswith("TrainOneStep") for c in ctx.calls
+        )
         if not trains:
             return
         for c in ctx.calls:
             what = _fp16(ctx, c)
             if what:
-                yield Hit.at(c.node, f"{what} without loss scaling: float16 gradients underflow; "
-                             "add a loss scaler (or use bfloat16)")
+                yield Hit.at(
+                    c.node,
+                    f"{what} without loss scaling: float16 gradients underflow; add a loss scaler (or use bfloat16)",
+                )
                 return
 
 

@@ -29,6 +29,5 @@ class AccumulationWithoutNoSync(Check):
             return
         for c in ctx.calls:
             if is_optimizer_step(ctx, c) and accumulation_guard(ctx, c) is not None:
-                yield Hit.at(c.node, "gradient accumulation under DDP without no_sync(): every "
-                             "micro-step all-reduces")
+                yield Hit.at(c.node, "gradient accumulation under DDP without no_sync(): every micro-step all-reduces")
                 return

@@ -41,17 +41,23 @@ class AccumulationOffByOne(Check):
             seen.add(id(guard))
             counter = _zero_mod_test(guard.test)
             if counter and counter in _zero_based_counters(c.loops):
-                yield Hit.at(guard.test, f"'{counter} % N == 0' is true at {counter} = 0: the "
-                             f"first update follows one micro-step; use ({counter} + 1) % N == 0")
+                yield Hit.at(
+                    guard.test,
+                    f"'{counter} % N == 0' is true at {counter} = 0: the "
+                    f"first update follows one micro-step; use ({counter} + 1) % N == 0",
+                )
 
 
 def _zero_mod_test(test: ast.expr) -> str | None:
     """The counter name in `name % N == 0` (possibly inside an `and`)."""
     for node in ast.walk(test):
         if (
-            isinstance(node, ast.Compare) and len(node.ops) == 1
-            and isinstance(node.ops[0], ast.Eq) and literal(node.comparators[0]) == 0
-            and isinstance(node.left, ast.BinOp) and isinstance(node.left.op, ast.Mod)
+            isinstance(node, ast.Compare)
+            and len(node.ops) == 1
+            and isinstance(node.ops[0], ast.Eq)
+            and literal(node.comparators[0]) == 0
+            and isinstance(node.left, ast.BinOp)
+            and isinstance(node.left.op, ast.Mod)
             and isinstance(node.left.left, ast.Name)
         ):
             return node.left.left.id
@@ -69,8 +75,10 @@ def _zero_based_counters(loops: tuple[ast.AST, ...]) -> set[str]:
             target = loop.target
             if isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[0], ast.Name):
                 names.add(target.elts[0].id)
-        elif fn == "range" and isinstance(loop.target, ast.Name) and (
-            len(args) == 1 or (len(args) >= 2 and literal(args[0]) == 0)
+        elif (
+            fn == "range"
+            and isinstance(loop.target, ast.Name)
+            and (len(args) == 1 or (len(args) >= 2 and literal(args[0]) == 0))
         ):
             names.add(loop.target.id)
     return names

@@ -39,8 +39,10 @@ class SyncUnderRankBranch(Check):
                 continue
             test = ast.unparse(branch[0].test)
             arm = "" if branch[1] == "body" else "the else of "
-            yield Hit.at(c.node, f"{what} runs only under {arm}'if {_short(test)}' "
-                         f"(line {branch[0].lineno}): not every rank takes it")
+            yield Hit.at(
+                c.node,
+                f"{what} runs only under {arm}'if {_short(test)}' (line {branch[0].lineno}): not every rank takes it",
+            )
 
 
 def _sync_kind(ctx: ScriptContext, c: CallInfo) -> str | None:
@@ -64,8 +66,7 @@ def _paired_barrier(ctx: ScriptContext, c: CallInfo) -> bool:
     first" idiom, where the two rank-guarded barriers meet each other."""
     if c.name not in BARRIERS:
         return False
-    guarded = [o for o in ctx.calls if o.name in BARRIERS and o.func is c.func
-               and ctx.rank_branch(o) is not None]
+    guarded = [o for o in ctx.calls if o.name in BARRIERS and o.func is c.func and ctx.rank_branch(o) is not None]
     return len(guarded) >= 2
 
 

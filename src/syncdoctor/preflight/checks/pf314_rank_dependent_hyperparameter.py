@@ -6,8 +6,22 @@ from collections.abc import Iterator
 from syncdoctor.preflight.model import Check, Hit
 from syncdoctor.preflight.script import ScriptContext, is_loss_ctor, is_optimizer_ctor
 
-HPARAM_KEYS = frozenset({"lr", "learning_rate", "momentum", "weight_decay", "betas", "eps",
-                         "dampening", "nesterov", "margin", "gamma", "alpha", "beta"})
+HPARAM_KEYS = frozenset(
+    {
+        "lr",
+        "learning_rate",
+        "momentum",
+        "weight_decay",
+        "betas",
+        "eps",
+        "dampening",
+        "nesterov",
+        "margin",
+        "gamma",
+        "alpha",
+        "beta",
+    }
+)
 
 
 class RankDependentHyperparameter(Check):
@@ -35,20 +49,31 @@ class RankDependentHyperparameter(Check):
             if not (is_optimizer_ctor(c) or is_loss_ctor(c)):
                 continue
             kind = "optimizer" if is_optimizer_ctor(c) else "loss"
-            params = [(None, a) for a in c.node.args[1 if kind == "optimizer" else 0:]]
-            params += [(k.arg, k.value) for k in c.node.keywords
-                       if k.arg and "device" not in k.arg and k.arg not in ("params", "rank")]
+            params = [(None, a) for a in c.node.args[1 if kind == "optimizer" else 0 :]]
+            params += [
+                (k.arg, k.value)
+                for k in c.node.keywords
+                if k.arg and "device" not in k.arg and k.arg not in ("params", "rank")
+            ]
             for name, value in params:
                 if ctx.rank_dependent(value):
                     label = f"{name}=" if name else "argument "
-                    yield Hit.at(value, f"{kind} {c.name}: {label}{_short(ast.unparse(value))} "
-                                 "depends on the rank; every rank must use the same value")
+                    yield Hit.at(
+                        value,
+                        f"{kind} {c.name}: {label}{_short(ast.unparse(value))} "
+                        "depends on the rank; every rank must use the same value",
+                    )
         for a in ctx.assigns:
             t = a.target
-            if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) \
-                    and t.slice.value in HPARAM_KEYS and ctx.rank_dependent(a.value):
-                yield Hit.at(t, f"{ast.unparse(t)} is set from a rank-dependent value; every "
-                             "rank must use the same value")
+            if (
+                isinstance(t, ast.Subscript)
+                and isinstance(t.slice, ast.Constant)
+                and t.slice.value in HPARAM_KEYS
+                and ctx.rank_dependent(a.value)
+            ):
+                yield Hit.at(
+                    t, f"{ast.unparse(t)} is set from a rank-dependent value; every rank must use the same value"
+                )
 
 
 def _short(text: str) -> str:

@@ -38,8 +38,11 @@ class LrNotScaled(Check):
                 continue
             values = ctx.bound_values(lr)
             if values and all(_constant(v) for v in values):
-                yield Hit.at(lr, f"learning rate {ast.unparse(values[0])} is a constant that "
-                             "ignores the world size; scale it with the global batch")
+                yield Hit.at(
+                    lr,
+                    f"learning rate {ast.unparse(values[0])} is a constant that "
+                    "ignores the world size; scale it with the global batch",
+                )
                 return
 
 

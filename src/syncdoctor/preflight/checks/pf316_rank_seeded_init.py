@@ -7,10 +7,17 @@ from syncdoctor.preflight.script import CallInfo, ScriptContext
 
 # Calls that copy one rank's parameters to the others, or wrappers that do it when
 # they are built (DDP broadcasts rank 0's parameters and buffers at construction).
-_BROADCASTS = frozenset({
-    "broadcast", "broadcast_parameters", "broadcast_object_list", "sync_module_states",
-    "_sync_module_states", "broadcast_coalesced", "_broadcast_coalesced",
-})
+_BROADCASTS = frozenset(
+    {
+        "broadcast",
+        "broadcast_parameters",
+        "broadcast_object_list",
+        "sync_module_states",
+        "_sync_module_states",
+        "broadcast_coalesced",
+        "_broadcast_coalesced",
+    }
+)
 
 
 def _is_seed_call(c: CallInfo) -> bool:
@@ -67,11 +74,13 @@ class RankSeededInit(Check):
             value = seed.arg(0, "seed")
             if value is None or not ctx.rank_dependent(value):
                 continue
-            built = next((c for c in ctx.calls
-                          if c.node.lineno >= seed.node.lineno and _builds_model(ctx, c)), None)
+            built = next((c for c in ctx.calls if c.node.lineno >= seed.node.lineno and _builds_model(ctx, c)), None)
             if built is None:
                 continue
-            yield Hit.at(seed.node, f"{seed.dotted or seed.name}() gets a rank-dependent seed before "
-                         f"the model is built (line {built.node.lineno}) and no DDP wrapper or "
-                         "broadcast copies the parameters: each rank starts from its own weights; "
-                         "seed every rank alike before building the model")
+            yield Hit.at(
+                seed.node,
+                f"{seed.dotted or seed.name}() gets a rank-dependent seed before "
+                f"the model is built (line {built.node.lineno}) and no DDP wrapper or "
+                "broadcast copies the parameters: each rank starts from its own weights; "
+                "seed every rank alike before building the model",
+            )

@@ -31,8 +31,7 @@ class FileSetDiffers(Check):
             if len(having) == len(ctx):
                 continue
             missing = [m for m in ctx if name not in m.files]
-            yield Hit(f"{name} exists on {_labels(having)} but not on {_labels(missing)}",
-                      1, 1, missing[0].path)
+            yield Hit(f"{name} exists on {_labels(having)} but not on {_labels(missing)}", 1, 1, missing[0].path)
 
 
 def _labels(ms: list[Manifest]) -> str:

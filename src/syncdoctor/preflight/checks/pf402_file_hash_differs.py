@@ -32,6 +32,11 @@ class FileHashDiffers(Check):
                 continue
             common = hashes.most_common(1)[0][0]
             odd = [m for m in ctx if m.files.get(name) not in (None, common)]
-            yield Hit(f"{name} differs: sha256 {odd[0].files[name][:12]} on "
-                      f"{', '.join(m.label for m in odd)} vs {common[:12]} on "
-                      f"{hashes[common]} other node(s)", 1, 1, odd[0].path)
+            yield Hit(
+                f"{name} differs: sha256 {odd[0].files[name][:12]} on "
+                f"{', '.join(m.label for m in odd)} vs {common[:12]} on "
+                f"{hashes[common]} other node(s)",
+                1,
+                1,
+                odd[0].path,
+            )

@@ -27,8 +27,16 @@ class _SyncDoctorTrainerCallback:
         self.probe_options = probe_options
         self.probe: Any = None
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
-                       train_dataloader: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        model: Any = None,
+        optimizer: Any = None,
+        train_dataloader: Any = None,
+        **kwargs: Any,
+    ) -> None:
         if self.probe is not None or model is None:
             return
         from syncdoctor.probe import auto
@@ -47,8 +55,11 @@ class _SyncDoctorTrainerCallback:
 
 def __getattr__(name: str) -> Any:
     if name == "SyncDoctorTrainerCallback":
-        cls = type(name, (_SyncDoctorTrainerCallback, _callback_base()),
-                   {"__module__": __name__, "__doc__": _SyncDoctorTrainerCallback.__doc__})
+        cls = type(
+            name,
+            (_SyncDoctorTrainerCallback, _callback_base()),
+            {"__module__": __name__, "__doc__": _SyncDoctorTrainerCallback.__doc__},
+        )
         globals()[name] = cls  # built once, when first used: transformers only then
         return cls
     raise AttributeError(name)

@@ -63,8 +63,11 @@ def _first_loader(loaders: Any) -> Any:
 
 def __getattr__(name: str) -> Any:
     if name == "SyncDoctorCallback":
-        cls = type("SyncDoctorCallback", (_SyncDoctorCallback, _callback_base()),
-                   {"__module__": __name__, "__doc__": _SyncDoctorCallback.__doc__})  # Callback only when used
+        cls = type(
+            "SyncDoctorCallback",
+            (_SyncDoctorCallback, _callback_base()),
+            {"__module__": __name__, "__doc__": _SyncDoctorCallback.__doc__},
+        )  # Callback only when used
         globals()[name] = cls
         return cls
     raise AttributeError(name)
