@@ -19,6 +19,12 @@ HEAL_WAIT_ENV = "SYNCDOCTOR_HEAL_WAIT_S"
 # "1": the record writer checks every record against records/contract.py and writes
 # what breaks it to RUN_DIR/records/rank{R}.violations (the contract test sets it).
 VALIDATE_RECORDS_ENV = "SYNCDOCTOR_VALIDATE_RECORDS"
+# `syncdoctor experiment`: the one factor a rerun changes on every rank (experiment/ sets it,
+# probe/variants.py applies it). VARIANT_WORLD_ENV: the world size of the run the variant is
+# compared with (the single-rank baseline scales its per-rank batch to the same global batch).
+VARIANT_ENV = "SYNCDOCTOR_VARIANT"
+VARIANT_WORLD_ENV = "SYNCDOCTOR_VARIANT_WORLD"
+VARIANTS = ("single", "seeds", "broadcast", "hparams", "data", "modes")
 
 # -- defaults shared by the torch and the MindSpore probe -------------------------------
 # The default K. A check costs ~0.5 ms in the training loop of a 100k-parameter MLP

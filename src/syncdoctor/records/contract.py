@@ -188,6 +188,12 @@ EVENT = (
     _f("event", "str", "timeout, retry, watchdog, network, crash, oom, mismatch, exception, heal, ..."),
     _f("message", "str", "what happened, in words"),
     _f("heal", "dict", 'only with "event": "heal": status, odd, source, check_step, what, id, bytes, ...', by=(TORCH,)),
+    _f(
+        "variant",
+        "dict",
+        'only with "event": "variant": name, applied (bool), what (what it changed) or why (why not)',
+        by=(TORCH,),
+    ),
 )
 
 END = (
