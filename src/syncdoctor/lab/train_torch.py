@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -76,12 +77,33 @@ def shard_for_epoch(epoch: int) -> np.ndarray:
     return rng.permutation(train_ids[shard_id * per_rank : (shard_id + 1) * per_rank])
 
 
-def batches(ids: np.ndarray) -> list[np.ndarray]:
-    n_full = len(ids) // plan.batch_size
-    out = [ids[i * plan.batch_size : (i + 1) * plan.batch_size] for i in range(n_full)]
-    if not plan.drop_last and len(ids) % plan.batch_size:
-        out.append(ids[n_full * plan.batch_size :])
-    return out
+class ShardSampler(torch.utils.data.Sampler[int]):
+    """This rank's sample ids for an epoch, as the plan shards them (the shard faults
+    live in shard_for_epoch). A sampler like DistributedSampler: the script calls
+    set_epoch, and `shuffle` says that the order is shuffled."""
+
+    shuffle = True
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(shard_for_epoch(self.epoch).tolist())
+
+
+# Each item is (image, label, sample id): the id lets the probe fingerprint the batch.
+train_set = torch.utils.data.TensorDataset(images, labels, torch.arange(len(labels)))
+# Its own generator: iterating a loader draws a seed from it, and the global one drives dropout.
+loader = torch.utils.data.DataLoader(
+    train_set,
+    batch_size=plan.batch_size,
+    sampler=ShardSampler(),
+    drop_last=plan.drop_last,
+    generator=torch.Generator().manual_seed(plan.seed),
+)
 
 
 # -----------------------------------------------------------------------------
@@ -215,16 +237,16 @@ def flip_bit(tensor: torch.Tensor) -> None:
 
 # -----------------------------------------------------------------------------
 # training
-def forward_backward(cycle: list[np.ndarray]) -> float:
+def forward_backward(cycle: list[list[torch.Tensor]]) -> float:
     """The micro-steps of one accumulation cycle; returns their mean loss."""
     losses = []
-    for i, ids in enumerate(cycle):
+    for i, (x, y, ids) in enumerate(cycle):
         probe.batch(ids)
         last = i == len(cycle) - 1
         # Under DDP the all-reduce runs inside backward: skip it but on the last micro-step.
         sync_ctx = model.no_sync() if plan.sync == "ddp" and not last else torch.enable_grad()
         with sync_ctx:
-            loss = loss_fn(model(images[ids]), labels[ids])
+            loss = loss_fn(model(x), y)
             probe.loss(loss)
             (loss * loss_scale / len(cycle)).backward()
         losses.append(loss.item())
@@ -275,7 +297,8 @@ log(
 model.train(plan.train_mode)
 t0 = time.time()
 for epoch in range(1, epochs + 1):
-    todo = batches(shard_for_epoch(epoch))
+    loader.sampler.set_epoch(epoch)
+    todo = list(loader)
     while True:
         if plan.crash_at == step + 1:
             log("allocating activation buffer")
