@@ -6,11 +6,14 @@ docs to one definition: a field renamed on one side only fails here.
 - a real torch probe run (2 gloo ranks, tests/probe/scripts/contract_job.py) writes
   only contract fields, with their types, and every field the contract says it writes
   (the MindSpore probe: tests/mindspore/test_zero_code.py);
-- the doctor, reading that run, reads only contract fields.
+- the doctor, reading that run, reads only contract fields;
+- and the other way: every field a probe writes is read by the doctor (its source
+  names it), unless the contract's reader lists say who else reads it.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -127,6 +130,80 @@ def test_docs_list_every_contract_field() -> None:
             f"{f.name}.{sub.name}" for f in fields if f.type == "section" for sub in f.fields if sub.name not in listed
         ]
         assert not missing, f'docs/records.md, kind = "{kind}", does not list: {missing}'
+
+
+# -- the other way: every field written is read -------------------------------------------------------
+# The doctor's side: the analyses, rules and reports, and the reader (which reads `v` and `kind`).
+DOCTOR_SOURCES = (ROOT / "src" / "syncdoctor" / "doctor", ROOT / "src" / "syncdoctor" / "records" / "reader.py")
+
+# Fields a probe writes that the doctor does not read, and who does instead.
+READ_ELSEWHERE = {
+    ("step", "acts"): "read by the canary rule (h/canary)",
+    ("event", "variant"): "read by the experiment orchestrator (h/variants, h/experiment)",
+}
+
+
+def doctor_string_keys() -> dict[str, set[str]]:
+    """Every string literal in the doctor's source (docstrings and f-string text left
+    out), with the files that hold it.
+
+    Why a scan of the source and not a record that notes each key read at run time:
+    step fields are polars columns, read inside expressions no wrapper can watch, and
+    a rule reads some fields only when its fault is there (a clean run would call them
+    unread). A field is read when the doctor names it: `snap.get("pid")`,
+    `pl.col("config_fp")`, `ev.differing("optimizer", "n_params")`, a tuple of names.
+    What a scan cannot tell apart is two fields with one name (`type` of the loader and
+    of the optimizer): those count as read if either is."""
+    sources = [p for root in DOCTOR_SOURCES for p in ([root] if root.is_file() else sorted(root.rglob("*.py")))]
+    found: dict[str, set[str]] = {}
+    for path in sources:
+        tree = ast.parse(path.read_text(), str(path))
+        prose = set()
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+                prose.add(id(body[0].value))  # a docstring
+            if isinstance(node, ast.JoinedStr):
+                prose.update(id(part) for part in node.values)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+                found.setdefault(node.value, set()).add(path.relative_to(ROOT).as_posix())
+    return found
+
+
+def written_contract_fields() -> list[tuple[str, str, contract.Field]]:
+    """(where, name, field) of every field and section key in the contract."""
+    out = []
+    for kind, fields in contract.KINDS.items():
+        for f in fields:
+            out.append((kind, f.name, f))
+            out += [(f"{kind}.{f.name}", sub.name, sub) for sub in f.fields]
+    return out
+
+
+def _field_of(where: str, name: str) -> tuple[str, str]:
+    """(kind, top-level field) of a field or a section's key."""
+    kind, _, section = where.partition(".")
+    return kind, section or name
+
+
+def test_doctor_reads_every_field_a_probe_writes() -> None:
+    keys = doctor_string_keys()
+    assert "param_fp" in keys, "the scan found none of the doctor's reads: its sources moved?"
+    unread = [
+        f"{where}.{name} (written by the {' and '.join(f.by)} probe)"
+        for where, name, f in written_contract_fields()
+        if name not in keys and _field_of(where, name) not in READ_ELSEWHERE
+    ]
+    assert not unread, (
+        "a probe writes these fields and nothing in the doctor reads them (read them in a rule or in the "
+        "report's run facts, or stop writing them and drop them from records/contract.py): " + ", ".join(unread)
+    )
+
+
+def test_read_elsewhere_names_contract_fields() -> None:
+    stale = [key for key in READ_ELSEWHERE if key[1] not in contract.names(key[0])]
+    assert not stale, f"READ_ELSEWHERE lists fields the contract no longer has: {stale}"
 
 
 def test_train_mode_has_one_encoding() -> None:

@@ -11,6 +11,7 @@ import polars as pl
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import AgreementSpan, Diagnosis, Finding, RankSummary, Verdict
 from syncdoctor.doctor.rules import all_rules
+from syncdoctor.doctor.run_facts import run_facts
 from syncdoctor.doctor.series import downsample
 from syncdoctor.errors import InputError
 from syncdoctor.records import RecordError, read_run
@@ -279,6 +280,7 @@ def diagnose_evidence(ev: Evidence) -> Diagnosis:
         grad_norm_kind=("local" if _grad_norm_column(ev) == "grad_norm_local" else "reduced") if ev.has_records else "",
         events=ev.events,
         warnings=ev.warnings,
+        run=run_facts(ev),
         sources=sorted(
             {str(p) for p in (ev.logs.files if ev.logs is not None else [])}
             | ({str(ev.records.run_dir / "records")} if ev.records is not None else set())

@@ -25,6 +25,8 @@ from syncdoctor.records.reader import MAX_WORLD_SIZE
 # Fingerprints that healthy data parallelism keeps bitwise equal across ranks.
 INVARIANTS = ("param_fp", "opt_fp", "grad_fp")
 COUNTERS = ("micro", "backward", "opt_steps")
+# What must be configured alike (loss, optimizer, DDP settings), fingerprinted each step.
+CONFIG = ("config_fp",)
 FAILURE_KINDS = ("crash", "oom")
 
 
@@ -260,6 +262,8 @@ class Evidence:
                 best.what = sorted(set(best.what) | set(other.what))
                 best.ranks = sorted(set(best.ranks) | set(other.ranks))
         best.what = sorted(set(best.what) | self._parted_when_next_measured(best.step))
+        if best.tensor is None and {"param", "grad"} & set(best.what):
+            best.tensor = self.first_differing_tensor(best.step)
         agreed = [s for s, parted in self._agreement_per_check if not parted and s < best.step]
         best.last_agree_step = max(agreed) if agreed else None
         return best
@@ -366,25 +370,10 @@ class Evidence:
             parted = self._first_disagreement(kind)
             if parted is not None:
                 found.append((parted[0], kind, parted[1], parted[2]))
-        cols = [c for c in COUNTERS if c in steps.columns]
-        if cols:
-            per_step = (
-                steps.group_by("step")
-                .agg([pl.col(c).drop_nulls().n_unique().alias(c) for c in cols] + [pl.len().alias("n")])
-                .filter(pl.col("n") > 1)
-                .sort("step")
-            )
-            differing = per_step.filter(pl.any_horizontal([pl.col(c) > 1 for c in cols]))
-            if differing.height:
-                step = int(differing["step"][0])
-                row = differing.row(0, named=True)
-                at = steps.filter(pl.col("step") == step)
-                ranks: set[int] = set()
-                for c in cols:
-                    if row[c] > 1:
-                        values = {int(r): v for r, v in zip(at["rank"], at[c], strict=True) if v is not None}
-                        ranks.update(majority_outliers(values))
-                found.append((step, "counter", sorted(ranks), []))
+        for what, columns in (("counter", COUNTERS), ("config", CONFIG)):
+            parted_at = self._first_step_differing(columns)
+            if parted_at is not None:
+                found.append((parted_at[0], what, parted_at[1], []))
         if not found:
             return None
         step = min(f[0] for f in found)
@@ -401,6 +390,49 @@ class Evidence:
         if merged:
             detail["groups"] = list(merged.values())
         return Divergence(step, sorted({r for f in first for r in f[2]}), sorted({f[1] for f in first}), detail=detail)
+
+    def _first_step_differing(self, columns: tuple[str, ...]) -> tuple[int, list[int]] | None:
+        """The first step at which ranks wrote different values in any of `columns`
+        (values every rank must share), and the ranks outside the majority there."""
+        steps = self.steps
+        cols = [c for c in columns if c in steps.columns]
+        if not cols:
+            return None
+        per_step = (
+            steps.group_by("step")
+            .agg([pl.col(c).drop_nulls().n_unique().alias(c) for c in cols] + [pl.len().alias("n")])
+            .filter(pl.col("n") > 1)
+            .sort("step")
+        )
+        differing = per_step.filter(pl.any_horizontal([pl.col(c) > 1 for c in cols]))
+        if not differing.height:
+            return None
+        step = int(differing["step"][0])
+        row = differing.row(0, named=True)
+        at = steps.filter(pl.col("step") == step)
+        ranks: set[int] = set()
+        for c in cols:
+            if row[c] > 1:
+                values = {int(r): v for r, v in zip(at["rank"], at[c], strict=True) if v is not None}
+                ranks.update(majority_outliers(values))
+        return step, sorted(ranks)
+
+    def first_differing_tensor(self, step: int) -> str | None:
+        """The first parameter whose per-tensor record differs across ranks at `step`:
+        its fingerprint (tensor_fps) or its reduced gradient's norm (tensor_norms),
+        named from the snapshot's `tensors`. None when no such record was written."""
+        if not self.has_records or self.replica:  # sharded tensors differ across ranks by design
+            return None
+        names = next((t for t in self.snapshot_values("tensors").values() if isinstance(t, list)), None)
+        at = self.steps.filter(pl.col("step") == step)
+        for column in ("tensor_fps", "tensor_norms"):
+            rows = [v for v in at[column].to_list() if isinstance(v, list)] if column in at.columns else []
+            if len(rows) < 2:
+                continue
+            for index, values in enumerate(zip(*rows, strict=False)):
+                if len(set(values)) > 1:
+                    return str(names[index]) if names and index < len(names) else f"parameter #{index}"
+        return None
 
     # ------------------------------------------------------------------ replica groups
     @cached_property
@@ -421,11 +453,19 @@ class Evidence:
     def _long_fps(self, kind: str) -> pl.DataFrame:
         return self._fps_by_kind[kind]  # built once: the divergence and agree_after read it often
 
+    @cached_property
+    def opt_state_replicated(self) -> bool:
+        """False when some rank's optimizer holds only its own part of the state
+        (ZeRO): its fingerprint then differs across ranks by design."""
+        return all(v is not False for v in self.snapshot_values("optimizer", "state_replicated").values())
+
     def _build_long_fps(self, kind: str) -> pl.DataFrame:
         """rank, step, class, key, value: the fingerprints of `kind` (param, opt, grad)
         per placement class, with the replica key each rank holds for it. Under plain
         data parallelism: one class whose key is the same on every rank."""
         steps = self.steps
+        if kind == "opt" and not self.opt_state_replicated:
+            return pl.DataFrame()  # sharded optimizer state is no replica: nothing to compare
         if not self.replica:
             column = f"{kind}_fp"
             if column not in steps.columns:

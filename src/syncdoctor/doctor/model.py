@@ -130,6 +130,7 @@ class Diagnosis:
     agreement: list[AgreementSpan] = field(default_factory=list)  # the replica-agreement timeline
     world_size: int | None = None
     grad_norm_kind: str = ""  # "local": each rank's own gradient before the reduction; "reduced": after it
+    run: dict[str, str] = field(default_factory=dict)  # what ran, from the snapshots (doctor/run_facts.py)
 
     def to_json(self, include_series: bool = False) -> dict[str, Any]:
         """The JSON form; plot series only on request (they dominate its size)."""

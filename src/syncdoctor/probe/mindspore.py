@@ -299,7 +299,7 @@ class MindSporeProbe:
             tensor_names=[p.name for p in self._params],
             init_param_fp=init_param_fp if init_param_fp is not None else combine(self._tensor_fps(self._params)),
         )
-        snapshot.update(opt_tensors=[p.name for p in self._opt_state], check_every=self.check_every, auto=self.auto)
+        snapshot.update(check_every=self.check_every, auto=self.auto)
         if ddp.get("mode") == "GRAPH" and ddp.get("parameter_broadcast"):
             # GRAPH mode broadcasts rank 0's parameters at the first compile: what was
             # built before is this rank's own (as torch's before DDP's broadcast).

@@ -103,7 +103,6 @@ SNAPSHOT = (
     _f("loader", "section", "sampler/loader settings", *LOADER),
     _f("global_batch", "int", "batch_size x world_size x accumulation"),
     _f("tensors", "list[str]", "parameter names in fingerprint order"),
-    _f("opt_tensors", "list[str]", "MindSpore: optimizer state tensors in fingerprint order", by=(MINDSPORE,)),
     _f("init_param_fp", "int", "fingerprint of the parameters when the probe attached"),
     _f("init_param_fp_before_update", "bool", "no update had happened when init_param_fp was taken", by=(TORCH,)),
     _f("init_param_fp_local", "int", "this rank's parameters before a start-up broadcast hid them"),
@@ -143,7 +142,12 @@ STEP = (
     _f("grad_fp16", "bool", "the gradients hold float16 values"),
     _f("train_mode", "str", '"n/m[:hex]" modules in train mode (TRAIN_MODE)'),
     _f("config_fp", "int", "fingerprint of what must be configured alike (loss, optimizer, DDP settings)", by=(TORCH,)),
-    _f("tensor_norms", "list[float]", "per-parameter gradient norms", by=(TORCH,)),
+    _f(
+        "tensor_norms",
+        "list[float]",
+        "per-parameter norms of the reduced gradients (detailed steps, every 5th)",
+        by=(TORCH,),
+    ),
     _f("tensor_fps", "list[int]", "MindSpore, at check steps: per-parameter fingerprints", by=(MINDSPORE,)),
     _f(
         "replica_fps",

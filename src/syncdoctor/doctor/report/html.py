@@ -117,6 +117,7 @@ def render_fragment(diag: Diagnosis, title: str = "syncdoctor report") -> str:
             _charts_section(diag),
             _ranks_section(diag),
             _events_section(diag.events),
+            _list_section("Run", [f"{k}: {v}" for k, v in diag.run.items()], "run"),
             _list_section("Input warnings", diag.warnings, "warnings"),
             _list_section("Sources", diag.sources, "sources"),
         ]

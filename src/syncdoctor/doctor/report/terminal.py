@@ -67,6 +67,10 @@ def render_terminal(diag: Diagnosis, console: Console | None = None) -> None:
         out(_rank_table(diag))
     if diag.events:
         out(_events(diag.events))
+    if diag.run:
+        out(_t("Run", "bold"))
+        for key, value in diag.run.items():
+            out(_bullet(f"{key}: " + clean(value, oneline=True, limit=400), "dim"))
     if diag.warnings:
         out(_t("Input warnings", "bold yellow"))
         for w in diag.warnings:

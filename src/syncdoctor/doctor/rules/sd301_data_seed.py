@@ -39,8 +39,12 @@ class UnseededShuffle(Rule):
             f"read by another rank (0% under a common shuffle); {overlap['coverage']} distinct samples seen"
         ]
         seeds = ev.differing("loader", "seed")
+        # A sampler shuffles with seed + epoch: an epoch set on some ranks only parts the orders too.
+        epochs = ev.differing("loader", "epoch")
         if seeds:
             evidence.append("loader seeds differ: " + describe_split(seeds))
-        elif any(v is None for v in ev.snapshot_values("loader", "seed").values()):
+        if epochs:
+            evidence.append("sampler epochs differ (each seeds the shuffle): " + describe_split(epochs))
+        if not (seeds or epochs) and any(v is None for v in ev.snapshot_values("loader", "seed").values()):
             evidence.append("the loader reports no shuffle seed")
         return self.found(0.85, evidence, ranks=ev.ranks)

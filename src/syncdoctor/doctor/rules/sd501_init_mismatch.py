@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
@@ -60,6 +62,22 @@ class InitMismatch(Rule):
         seeds = ev.differing("seed", "torch_initial_seed") or ev.differing("seed", "ms_seed")
         if seeds:
             evidence.append("seeds differ: " + describe_split(seeds))
+        rng = ev.differing("rng")
+        if rng and not seeds:
+            differ = sorted({k for v in rng.values() if isinstance(v, dict) for k in v if _differs(rng, k)})
+            if differ:
+                evidence.append(f"the random generators' states differed when the probe attached: {', '.join(differ)}")
+        local = ev.differing("init_param_fp_local")
+        if local:
+            evidence.append(
+                "each rank built its own weights before the start-up broadcast "
+                f"({len(set(local.values()))} distinct): the initialisation is not seeded alike"
+            )
         return self.found(
             0.95 if init else 0.7, evidence, ranks=ranks, step=0, tensor=div.tensor if div else None, direct=bool(init)
         )
+
+
+def _differs(per_rank: dict[int, Any], key: str) -> bool:
+    """Whether `key` of the per-rank dicts holds more than one value."""
+    return len({repr(v.get(key)) for v in per_rank.values() if isinstance(v, dict)}) > 1

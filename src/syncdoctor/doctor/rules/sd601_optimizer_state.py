@@ -37,6 +37,10 @@ class OptimizerStateMismatch(Rule):
         kinds = ev.differing("optimizer", "type")
         if kinds:
             evidence.append("optimizer type differs at start: " + describe_split(kinds))
+        # A rank that froze other layers, or built its optimizer from another parameter list.
+        counts = ev.differing("optimizer", "n_params")
+        if counts:
+            evidence.append("the optimizer updates different numbers of parameters: " + describe_split(counts))
         if groups:
             evidence.append(
                 "optimizer hyperparameters differ at start (snapshot before step 1): "
@@ -70,8 +74,8 @@ class OptimizerStateMismatch(Rule):
             return None
         if ev.overflow_disagreement:
             return None
-        direct = bool(groups or kinds or drift)
-        differing = groups or kinds or (drift[1] if drift else {})
+        direct = bool(groups or kinds or counts or drift)
+        differing = groups or kinds or counts or (drift[1] if drift else {})
         ranks = agreement({r: repr(v) for r, v in differing.items()}).odd if direct else []
         if div is not None and div.ranks and not ranks:
             ranks = div.ranks
