@@ -82,5 +82,19 @@ def check_every_from_env(given: int | None) -> int:
     return max(1, int(given or os.environ.get(CHECK_EVERY_ENV) or DEFAULT_CHECK_EVERY))
 
 
+def on_mismatch_from_env(given: str | None) -> str:
+    """What a probe does on a mismatch: the argument, else SYNCDOCTOR_ON_MISMATCH, else
+    "warn". ValueError names the choices when it is none of them."""
+    choice = given or os.environ.get(ON_MISMATCH_ENV) or "warn"
+    if choice not in ON_MISMATCH_CHOICES:
+        raise ValueError(f"on_mismatch must be one of {', '.join(ON_MISMATCH_CHOICES)}, not {choice!r}")
+    return choice
+
+
+def disabled_by_env() -> bool:
+    """SYNCDOCTOR_DISABLE set: no probe attaches, whatever the code asks."""
+    return bool(os.environ.get(DISABLE_ENV))
+
+
 class SyncMismatchError(RuntimeError):
     """Raised into training only when the user chose on_mismatch='raise' (both probes)."""

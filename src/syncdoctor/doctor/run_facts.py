@@ -27,7 +27,7 @@ def run_facts(ev: Evidence) -> dict[str, str]:
     if attach:
         facts["attach"] = "zero-code (syncdoctor run)" if attach == "True" else "in the training script"
     _put(facts, "training loop", _common(s.get("style") for s in snaps.values()))
-    loaders = [s.get("loader") for s in snaps.values() if isinstance(s.get("loader"), dict)]
+    loaders = [loader for s in snaps.values() if isinstance(loader := s.get("loader"), dict)]
     _put(facts, "loader", _common(_loader_line(loader) for loader in loaders))
     processes = [f"rank {r}: {s.get('host') or '?'} pid {s.get('pid')}" for r, s in snaps.items() if s.get("pid")]
     if processes:

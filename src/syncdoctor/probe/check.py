@@ -35,6 +35,7 @@ import torch.distributed as dist
 from syncdoctor import settings
 from syncdoctor.probe.heal import Healer, block_for
 from syncdoctor.probe.mesh import MAX_CLASSES
+from syncdoctor.probe.verdict import COMPARED, mismatch_message, print_verdict
 from syncdoctor.records import contract
 from syncdoctor.records.compare import majority_outliers
 
@@ -43,21 +44,7 @@ if TYPE_CHECKING:
 
 MIN_SLACK_STEPS = 4
 # The order of the gathered vector. Floats travel as their IEEE bits.
-FIELDS = (
-    "step",
-    "backward",
-    "opt_steps",
-    "micro",
-    "param_fp",
-    "opt_fp",
-    "grad_fp",
-    "buffer_fp",
-    "data_fp",
-    "config_fp",
-    "mode",
-    "loss_bits",
-    "grad_norm_bits",
-)
+FIELDS = (*COMPARED, "loss_bits", "grad_norm_bits")
 N_INT = FIELDS.index("mode")  # the fields taken from the record as they are
 # Job-wide: every rank must agree on these, whatever the parallelism.
 MUST_MATCH = ("step", "backward", "opt_steps", "micro", "config_fp", "mode")
@@ -82,17 +69,6 @@ WHAT = {
     "buffer_fp": "buffer",
     "config_fp": "config",
     "mode": "mode",
-}
-# The log line names the most telling difference first.
-LABEL = {
-    "param": "parameter",
-    "opt": "optimizer state",
-    "grad": "reduced gradient",
-    "buffer": "buffer",
-    "counter": "step counter",
-    "config": "optimizer/loss configuration",
-    "mode": "train/eval mode",
-    "data": "duplicate data",
 }
 
 
@@ -582,7 +558,7 @@ class CrossRankCheck:
         self.reported.add(key)
         message = mismatch_message(step, what, ranks, tensor, self.world_size)
         if self.rank in (0, verdict["reader"], *ranks[:1]):
-            print(f"syncdoctor: [ERROR] {message}", file=sys.stderr, flush=True)
+            print_verdict(message)
         if self.probe.on_mismatch in ("dump", "raise"):
             from syncdoctor.probe.evidence import dump_evidence
 
@@ -630,37 +606,3 @@ class CrossRankCheck:
             file=sys.stderr,
             flush=True,
         )
-
-
-_ORDER = ("param", "opt", "grad", "counter", "config", "mode", "buffer", "data")
-
-
-def mismatch_message(step: int, what: list[str], ranks: list[int], tensor: str | None, world_size: int) -> str:
-    """`GRADIENT_SYNC: rank 0 and rank 1 parameter mismatch at step 1200 (first: layer3.1.conv2.weight)`,
-    then what else differs and the ranks outside the majority, or that there is none."""
-    ordered = sorted(what, key=lambda w: _ORDER.index(w) if w in _ORDER else len(_ORDER))
-    if ordered == ["data"] and len(ranks) >= 2:
-        # Not a mismatch: these ranks read the very same batch.
-        return (
-            f"GRADIENT_SYNC: rank {ranks[0]} and rank {ranks[1]} consumed identical batches at step {step}; "
-            f"ranks with duplicate data: {ranks}"
-        )
-    majority = [r for r in range(world_size) if r not in ranks]
-    # A culprit only where a strict majority agrees; two ranks that disagree name both.
-    named = len(ranks) * 2 < world_size and bool(ranks)
-    if named:
-        pair = f"rank {majority[0]} and rank {ranks[0]}"
-    else:
-        shown = ranks if ranks else list(range(world_size))
-        pair = (
-            f"rank {shown[0]} and rank {shown[1]}"
-            if len(shown) == 2
-            else "ranks " + ", ".join(map(str, shown[:8])) + (" …" if len(shown) > 8 else "")
-        )
-    where = f" (first: {tensor})" if tensor and ordered[0] in ("param", "grad") else ""
-    message = f"GRADIENT_SYNC: {pair} {LABEL[ordered[0]]} mismatch at step {step}{where}"
-    if len(ordered) > 1:
-        message += "; also differ: " + ", ".join(LABEL[w] for w in ordered[1:])
-    if named:
-        return message + f"; odd one out: {ranks} (the other {len(majority)} ranks agree)"
-    return message + "; no majority to tell which side is odd (a third replica or a recomputation would)"

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from syncdoctor import settings
 from syncdoctor.probe import precision
 from syncdoctor.probe.check import CrossRankCheck, config_fingerprint, groups_fingerprint
+from syncdoctor.probe.evidence import LAST_LOSSES
 from syncdoctor.probe.fingerprint import ViewCache, combine, fingerprints, ids_fingerprint
 from syncdoctor.probe.mesh import layout_of, local_shard
 from syncdoctor.probe.snapshot import build_snapshot
@@ -48,7 +49,6 @@ __all__ = ["DEFAULT_CHECK_EVERY", "DEFAULT_RUN_DIR", "NullProbe", "Probe", "Sync
 
 DETAIL_EVERY = 100  # the full state and the diagnostics: at least this many steps apart
 CLOSE_WAIT_S = 5.0  # at close, the last check's wait: the end of a run must not hang on it
-LAST_LOSSES = 32  # recent losses kept for the evidence bundle
 
 
 def _ddp_class() -> type:
@@ -80,9 +80,7 @@ class Probe:
         auto: bool = False,
         baseline: dict[str, Any] | None = None,
     ) -> None:
-        on_mismatch = on_mismatch or os.environ.get(settings.ON_MISMATCH_ENV) or "warn"
-        if on_mismatch not in settings.ON_MISMATCH_CHOICES:
-            raise ValueError("on_mismatch must be 'warn', 'dump', 'raise' or 'heal'")
+        on_mismatch = settings.on_mismatch_from_env(on_mismatch)
         self.run_dir = Path(run_dir or os.environ.get(settings.RUN_DIR_ENV) or DEFAULT_RUN_DIR)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else int(os.environ.get("RANK", 0))
@@ -645,7 +643,7 @@ def attach(
     """Attach the probe in one line; see Probe for the options. Under `syncdoctor run`
     the model is usually watched already: that probe is returned (and bound to
     `optimizer`), so a script may call attach and still run zero-code."""
-    if not enabled or os.environ.get(settings.DISABLE_ENV):
+    if not enabled or settings.disabled_by_env():
         return NullProbe()
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     optimizer = unwrap_optimizer(optimizer)

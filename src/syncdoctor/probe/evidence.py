@@ -14,14 +14,30 @@ import os
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from syncdoctor.probe.verdict import PER_RANK_DETAIL
 from syncdoctor.records.constants import RECORDS_SUBDIR
 
-if TYPE_CHECKING:
-    from syncdoctor.probe.core import Probe
+
+class EvidenceSource(Protocol):
+    """What a probe of either framework offers the bundle."""
+
+    run_dir: Path
+    log_path: Path | None
+    rank: int
+    world_size: int
+    step: int
+    backward: int
+    opt_steps: int
+    last_grad_norm: float | None
+
+    @property
+    def last_losses(self) -> list[tuple[int, float | None]]: ...
+
 
 LOG_TAIL_LINES = 50
+LAST_LOSSES = 32  # recent losses a probe keeps for the bundle
 # Fields that differ between ranks by design, not by mistake.
 _PER_RANK = {"rank", "local_rank", "pid", "t", "host", "rng", "init_param_fp_local"}
 _PER_RANK_ENV = (
@@ -93,7 +109,7 @@ def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> list[str]:
     return [line.decode("utf-8", "replace").rstrip("\n") for line in tail]
 
 
-def dump_evidence(probe: Probe, follow: dict[str, Any], tensor: str | None) -> Path:
+def dump_evidence(probe: EvidenceSource, follow: dict[str, Any], tensor: str | None) -> Path:
     folder = probe.run_dir / "evidence"
     folder.mkdir(parents=True, exist_ok=True)
     detail = follow.get("detail") or {}
@@ -107,25 +123,7 @@ def dump_evidence(probe: Probe, follow: dict[str, Any], tensor: str | None) -> P
         "rank": probe.rank,
         "world_size": probe.world_size,
         "t": time.time(),
-        "per_rank": {
-            name: detail.get(name)
-            for name in (
-                "grad_norm",
-                "loss",
-                "step",
-                "backward",
-                "opt_steps",
-                "micro",
-                "param_fp",
-                "opt_fp",
-                "grad_fp",
-                "buffer_fp",
-                "config_fp",
-                "data_fp",
-                "mode",
-            )
-            if name in detail
-        },
+        "per_rank": {name: detail.get(name) for name in PER_RANK_DETAIL if name in detail},
         "counters": {"step": probe.step, "backward": probe.backward, "opt_steps": probe.opt_steps},
         "last_losses": list(probe.last_losses),
         "last_grad_norm": probe.last_grad_norm,

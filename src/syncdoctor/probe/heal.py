@@ -63,6 +63,7 @@ import torch
 import torch.distributed as dist
 
 from syncdoctor import settings
+from syncdoctor.records import contract
 from syncdoctor.records.compare import agreement
 
 if TYPE_CHECKING:
@@ -227,14 +228,20 @@ class Healer:
             file=sys.stderr,
             flush=True,
         )
+        self._record(
+            self.probe.step, f"not healed: {reason}", status="refused", check_step=step, what=what, reason=reason
+        )
+
+    def _record(self, step: int, message: str, **heal: Any) -> None:
+        """The heal event: what was decided (heal["status"]) and why, in words and fields."""
         self.probe.writer.write(
-            "event",
+            contract.KIND_EVENT,
             rank=self.checker.rank,
             t=time.time(),
-            step=self.probe.step,
+            step=step,
             event="heal",
-            message=f"not healed: {reason}",
-            heal={"status": "refused", "check_step": step, "what": what, "reason": reason},
+            message=message,
+            heal=heal,
         )
 
     # ------------------------------------------------------------------ every rank, at a block's post
@@ -343,15 +350,7 @@ class Healer:
             )
             message = f"heal of rank(s) {plan['odd']} aborted: {why}"
             print(f"syncdoctor: rank {rank}: {message}", file=sys.stderr, flush=True)
-            self.probe.writer.write(
-                "event",
-                rank=rank,
-                t=time.time(),
-                step=step,
-                event="heal",
-                message=message,
-                heal={**info, "status": "aborted", "reason": why},
-            )
+            self._record(step, message, **info, status="aborted", reason=why)
             return False
         t0 = time.perf_counter()
         sent = restore_from(plan["source"], self.probe.module, self.probe.optimizer, self.probe._named_params)
@@ -364,15 +363,7 @@ class Healer:
         )
         if rank in plan["odd"] or rank == 0:
             print(f"syncdoctor: rank {rank} ({host}): {message}", file=sys.stderr, flush=True)
-        self.probe.writer.write(
-            "event",
-            rank=rank,
-            t=time.time(),
-            step=step,
-            event="heal",
-            message=message,
-            heal={**info, "status": "healed", "bytes": sent, "seconds": round(seconds, 6), "host": host},
-        )
+        self._record(step, message, **info, status="healed", bytes=sent, seconds=round(seconds, 6), host=host)
         return True
 
 

@@ -23,14 +23,18 @@ import os
 import platform
 import sys
 import time
+from collections import deque
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from syncdoctor import settings
 from syncdoctor.probe import precision
+from syncdoctor.probe.evidence import LAST_LOSSES, dump_evidence
 from syncdoctor.probe.fingerprint_np import array_fingerprint, combine, ids_fingerprint
 from syncdoctor.probe.snapshot_common import build_common_snapshot, public_scalars
+from syncdoctor.probe.verdict import mismatch_message, print_verdict
 from syncdoctor.records import contract
 from syncdoctor.records.compare import majority_outliers
 from syncdoctor.records.constants import MAX_IDS
@@ -70,6 +74,15 @@ def _float(value: Any) -> float | None:
         return float(np.asarray(_asnumpy(value), dtype=np.float64).reshape(-1)[0])
     except Exception:
         return None
+
+
+def scaled_step_outputs(out: Any) -> tuple[bool | None, float | None]:
+    """(overflow, loss scale) from what a loss-scaled train step returns, (loss,
+    overflow, scale) as TrainOneStepWithLossScaleCell and Model.train give it; (None,
+    None) for any other output."""
+    if isinstance(out, (tuple, list)) and len(out) >= 3:
+        return bool(_float(out[1])), _float(out[2])
+    return None, None
 
 
 def _cell_hparams(cell: Any) -> dict[str, Any]:
@@ -177,7 +190,7 @@ class MindSporeProbe:
         loss_scaler: Any = None,
         global_batch: int | None = None,
         check_every: int | None = None,
-        on_mismatch: str = "warn",
+        on_mismatch: str | None = None,
         extra: dict[str, Any] | None = None,
         enabled: bool = True,
         params: list[Any] | None = None,
@@ -188,10 +201,14 @@ class MindSporeProbe:
         """network: the model (its trainable parameters are fingerprinted, its cells'
         train/eval modes recorded); zero-code mode passes `params` (what the optimizer
         updates), `mode_cells` and the `init_param_fp` taken when the optimizer was built."""
-        self.enabled = enabled
+        self.enabled = enabled and not settings.disabled_by_env()
         self.network, self.optimizer, self.loss_fn = network, optimizer, loss_fn
         self.check_every = settings.check_every_from_env(check_every)
-        self.on_mismatch = on_mismatch
+        self.on_mismatch = settings.on_mismatch_from_env(on_mismatch)
+        self.run_dir = Path(run_dir or os.environ.get(RUN_DIR_ENV) or DEFAULT_RUN_DIR)
+        self.log_path: Path | None = None  # the evidence bundle's log tail: the launcher's log is not ours to know
+        self._recent_losses: deque[tuple[int, float | None]] = deque(maxlen=LAST_LOSSES)
+        self.last_grad_norm: float | None = None
         self.auto = auto
         self.step = 0
         self.backward = 0
@@ -203,12 +220,11 @@ class MindSporeProbe:
         self._opt_hparams: list[Any] = []
         self._mode_cells: list[Any] = []
         self._gather: Any = None
-        if not enabled:
+        if not self.enabled:
             return
         try:
             self.rank, self.world_size = rank_and_size()
-            run_dir = run_dir or os.environ.get(RUN_DIR_ENV) or DEFAULT_RUN_DIR
-            self.writer = RecordWriter(run_dir, self.rank)
+            self.writer = RecordWriter(self.run_dir, self.rank)
             self._params = list(params) if params is not None else list(network.trainable_params())
             ids = {id(p) for p in self._params}
             if optimizer is not None:
@@ -346,6 +362,8 @@ class MindSporeProbe:
         self.opt_steps = opt_steps if opt_steps is not None else self.opt_steps + (not overflow)
         try:
             self._after_step(loss, grads, grads_local, batch_ids, micro, samples, overflow, loss_scale, data_fp)
+        except SyncMismatchError:
+            raise  # on_mismatch="raise": stopping the training is what the user asked for
         except Exception as exc:  # never let the probe stop training
             self._event("exception", f"probe step failed: {exc!r}")
 
@@ -399,13 +417,14 @@ class MindSporeProbe:
             if grads is not None:
                 grad_arrays = [_asnumpy(g) for g in grads]
                 record["grad_fp"] = combine([array_fingerprint(a) for a in grad_arrays])
-                record["grad_norm"] = _global_norm(grad_arrays)
+                record["grad_norm"] = self.last_grad_norm = _global_norm(grad_arrays)
                 record["grad_fp16"] = _fp16_exact(grad_arrays)
                 local = _global_norm(grads_local)
                 if local is not None:
                     record["grad_norm_local"] = local  # the caller passes them unscaled
                     if record["grad_norm"] and local:
                         record["reduce_ratio"] = record["grad_norm"] / record["grad_norm_local"]
+        self._recent_losses.append((self.step, record["loss"]))
         check = measured and self.world_size > 1
         if check:
             record["tensor_fps"] = tensor_fps
@@ -472,10 +491,8 @@ class MindSporeProbe:
                 self._event("exception", f"probe tensor gather failed: {exc!r}")
         status = "mismatch" if what else "ok"
         detail = {
-            "step": rows[:, 0].tolist(),
-            "backward": rows[:, 1].tolist(),
-            "param_fp": rows[:, 2].tolist(),
-            "opt_fp": rows[:, 3].tolist(),
+            name: rows[:, col].tolist()
+            for col, name in enumerate(("step", "backward", "param_fp", "opt_fp", "mode", "config_fp"))
         }
         self.writer.write(
             contract.KIND_CHECK,
@@ -488,15 +505,31 @@ class MindSporeProbe:
             detail=detail,
         )
         if what:
-            message = (
-                f"syncdoctor: replicas differ at step {self.step}: {', '.join(what)} "
-                f"(ranks {sorted(outside)} outside the majority; first tensor {tensor})"
-            )
-            self._event("mismatch", message)
-            if self.on_mismatch in ("warn", "heal") and self.rank == 0:  # no heal on MindSpore: it warns
-                print(f"[WARNING] {message}", file=sys.stderr, flush=True)
-            elif self.on_mismatch == "raise":
-                raise SyncMismatchError(message)
+            self._report(what, sorted(outside), tensor, detail)
+
+    def _report(self, what: list[str], ranks: list[int], tensor: str | None, detail: dict[str, Any]) -> None:
+        """The verdict line, the evidence bundle and the exception, as the torch probe
+        (probe/verdict.py); heal is torch-only: here it warns."""
+        message = mismatch_message(self.step, what, ranks, tensor, self.world_size)
+        self._event("mismatch", message)
+        if self.rank in (0, *ranks[:1]):
+            print_verdict(message)
+        if self.on_mismatch in ("dump", "raise"):
+            try:
+                dump_evidence(
+                    self,
+                    {"step": self.step, "what": what, "ranks": ranks, "detail": detail, "message": message},
+                    tensor,
+                )
+            except Exception as exc:  # a full disk must not stop the checks
+                print(f"syncdoctor: rank {self.rank}: evidence not written: {exc}", file=sys.stderr)
+        if self.on_mismatch == "raise":
+            raise SyncMismatchError(message)
+
+    @property
+    def last_losses(self) -> list[tuple[int, float | None]]:
+        """The last losses, oldest first (the evidence bundle)."""
+        return list(self._recent_losses)
 
     def event(self, event: str, message: str) -> None:
         try:
@@ -554,7 +587,10 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
     optimizer state, the loss, the loss scale and overflow are recorded."""
 
     def __init__(
-        self, run_dir: str | os.PathLike[str] | None = None, check_every: int | None = None, on_mismatch: str = "warn"
+        self,
+        run_dir: str | os.PathLike[str] | None = None,
+        check_every: int | None = None,
+        on_mismatch: str | None = None,
     ) -> None:
         super().__init__()
         self.run_dir, self.check_every, self.on_mismatch = run_dir, check_every, on_mismatch
@@ -612,9 +648,7 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
         try:
             cb = run_context.original_args()
             out = _cb_get(cb, "net_outputs")
-            overflow, scale = None, None
-            if isinstance(out, (tuple, list)) and len(out) >= 3:  # (loss, overflow, scale)
-                overflow, scale = bool(_float(out[1])), _float(out[2])
+            overflow, scale = scaled_step_outputs(out)
             from syncdoctor.probe.mindspore_auto import _global_step, take_batches
 
             optimizer = _cb_get(cb, "optimizer")

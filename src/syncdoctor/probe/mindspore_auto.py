@@ -375,18 +375,12 @@ def _record(opt: Any, kind: str | None, now: int | None, call: Any, overflow: bo
         grads = call[1][0]  # optimizer(grads): what the update used
     W.grads = W.grads_local = None
     scale = rep.get("loss_scale")
-    if (
-        scale is None
-        and call is not None
-        and hasattr(call[0], "scale_sense")
-        and isinstance(call[2], (tuple, list))
-        and len(call[2]) >= 3
-    ):
-        # TrainOneStepWithLossScaleCell returns (loss, overflow, scale)
-        from syncdoctor.probe.mindspore import _float
+    if scale is None and call is not None and hasattr(call[0], "scale_sense"):  # TrainOneStepWithLossScaleCell
+        from syncdoctor.probe.mindspore import scaled_step_outputs
 
-        scale = _float(call[2][2])
-        overflow = bool(_float(call[2][1]))
+        scaled = scaled_step_outputs(call[2])
+        if scaled[1] is not None or scaled[0] is not None:
+            overflow, scale = scaled
     if scale is None and W.scaler is not None and W.scaler() is not None:
         from syncdoctor.probe.mindspore import _float
 
