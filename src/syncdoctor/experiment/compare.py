@@ -23,6 +23,11 @@ from typing import Any
 from syncdoctor.doctor.rules.sd701_loss_definition import OFFSET_MIN, OFFSET_SAME_SIDE, OFFSET_T
 
 SHAPE_ANOMALIES = ("sawtooth", "spike")
+# What the replicas hold that data parallelism keeps identical (the doctor's divergence
+# also names differing settings and data, which are causes, not the replicas parting).
+REPLICA_STATE = ("param", "opt", "grad", "buffer", "mode", "counter")
+# Findings that say the loss blew up (whatever the curve's shape was called).
+BLOWUP_CATEGORIES = ("train.divergence", "numeric.overflow")
 BLOWUP_SHAPES = ("diverging", "nonfinite")
 ANOMALY_TEXT = {
     "replica_mismatch": "the replica mismatch",
@@ -61,6 +66,7 @@ class Measures:
     verdict: str | None = None
     top_code: str | None = None
     top_title: str | None = None
+    top_category: str | None = None
     error: str = ""  # the folder could not be diagnosed
     loss_curve: list[list[float]] = field(default_factory=list)  # [step, mean loss over ranks]
 
@@ -110,10 +116,17 @@ def measure(name: str, folder: Path) -> Measures:
         m.steps = int(ev.steps["step"].max())
     elif ev.losses.height:
         m.steps = int(ev.losses["step"].max())
+    # The agreement timeline (the checks of the parameters) first; the step records'
+    # divergence where there is no check. A differing setting or differing data is a
+    # cause the doctor names; it is not the replicas parting.
+    parted = [span for span in ev.agreement if span.get("parted")]
     div = ev.divergence
-    if div is not None:
+    if parted:
+        m.replicas_agree, m.first_mismatch_step = False, int(parted[0]["first_step"])
+        m.mismatch_what = list(parted[0].get("what") or ["param"])
+    elif div is not None and set(div.what) & set(REPLICA_STATE):
         m.replicas_agree, m.first_mismatch_step, m.mismatch_what = False, div.step, list(div.what)
-    elif ev.checks or (ev.has_records and "param_fp" in ev.steps.columns and len(ev.ranks) > 1):
+    elif ev.agreement or (ev.has_records and len(ev.ranks) > 1):
         m.replicas_agree = True
     offsets = ev.offsets
     if offsets is not None:
@@ -126,10 +139,15 @@ def measure(name: str, folder: Path) -> Measures:
             m.offsets = {r: round(v, 4) for r, v in sorted(odd.items())}
     shape = diag.loss_shape
     m.shape = shape.shape if shape is not None else None
-    m.blowup = m.shape in BLOWUP_SHAPES or any(s.shape == "nonfinite" for s in diag.rank_shapes)
+    m.blowup = (
+        m.shape in BLOWUP_SHAPES
+        or any(s.shape == "nonfinite" for s in diag.rank_shapes)
+        or any(f.category in BLOWUP_CATEGORIES for f in diag.findings)
+    )
     m.verdict = diag.verdict
     if diag.findings:
-        m.top_code, m.top_title = diag.findings[0].code, diag.findings[0].title
+        top = diag.findings[0]
+        m.top_code, m.top_title, m.top_category = top.code, top.title, top.category
     if ev.records is not None:
         events = [e for e in ev.records.events if e.get("event") == "variant" and isinstance(e.get("variant"), dict)]
         if events:
@@ -163,6 +181,18 @@ class Comparison:
         }
 
 
+def single_rank_view(m: Measures) -> dict[str, str]:
+    """The anomalies one rank can show at all: no replicas to compare, no offsets between
+    ranks, and the rules that compare ranks cannot fire; what is left is the curve's own
+    shape, its blow-up, and a top cause that is not about the ranks working together."""
+    from syncdoctor.doctor.diagnose import NOT_SYNC
+
+    keep = {"shape", "blowup"}
+    if m.top_category in NOT_SYNC:
+        keep.add(f"cause:{m.top_code}")
+    return {k: t for k, t in m.anomalies.items() if k in keep}
+
+
 def compare(control: Measures, variants: list[Measures]) -> Comparison:
     base = control.anomalies
     removed: dict[str, list[str]] = {}
@@ -172,9 +202,7 @@ def compare(control: Measures, variants: list[Measures]) -> Comparison:
             continue  # a variant the ranks did not report applying is the control again
         now = v.anomalies
         if v.name == "single":
-            # One rank has no replicas to compare, no offsets between ranks, and rules
-            # that compare ranks cannot fire: only the curve's own shape and blow-up count.
-            now = {k: t for k, t in now.items() if k in ("shape", "blowup")}
+            now = single_rank_view(v)
             gone = [k for k in base if k not in now]
             new = [k for k in now if k not in base]
         else:
@@ -205,12 +233,18 @@ def _verdict(
             lines.append("no anomaly in the control run: nothing to explain; no variant changed anything")
     else:
         single = next((v for v in variants if v.name == "single" and v.usable), None)
-        if "blowup" in base and single is not None and single.blowup:
-            lines.append("the single-rank baseline shows the same blow-up: not the parallel part (the recipe itself)")
+        shared = [k for k in base if single is not None and k in single_rank_view(single)]
+        if shared:
+            others = [base[k] for k in shared if k != "blowup"]
+            if "blowup" in shared:
+                line = "the single-rank baseline shows the same blow-up: not the parallel part"
+                lines.append(line + (f" (it also shows {', '.join(others)})" if others else ""))
+            else:
+                lines.append(f"the single-rank baseline shows {', '.join(others)} too: not the parallel part")
         for key, text in base.items():
-            by = [name for name, gone in removed.items() if key in gone and name != "single"]
-            if key == "blowup" and single is not None and single.blowup:
+            if key in shared:
                 continue
+            by = [name for name, gone in removed.items() if key in gone and name != "single"]
             if by:
                 lines.append(f"{', '.join(by)} remove{'s' if len(by) == 1 else ''} {text} → {_meaning(by)}")
             elif single is not None and key in removed.get("single", []) and key in ("shape", "blowup"):
