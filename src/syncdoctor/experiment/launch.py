@@ -194,7 +194,21 @@ def _reap() -> None:
 def end_everything(proc: subprocess.Popen[bytes]) -> list[int]:
     """End the launcher, its process group, every process below it and every orphan
     re-parented to us: SIGTERM, a bounded wait, then SIGKILL; reap them all. Returns the
-    pids still alive after that (none, unless a process ignores SIGKILL in the kernel)."""
+    pids still alive after that (none, unless a process ignores SIGKILL in the kernel).
+    A second Ctrl-C does not cut this short (it is bounded: about 2 × 5 s + 7 s)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return _end_everything(proc)
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _end_everything(proc)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _end_everything(proc: subprocess.Popen[bytes]) -> list[int]:
     tracked = descendants(proc.pid) | {proc.pid}
     if proc.poll() is None or len(tracked) > 1:
         for sig in (signal.SIGTERM, signal.SIGKILL):

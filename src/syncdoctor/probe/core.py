@@ -94,6 +94,7 @@ class Probe:
         self.baseline = baseline  # the single-card recipe (lr, batch_size), for the doctor
         self.check_every = settings.check_every_from_env(check_every)
         self.stop_after = settings.stop_after_from_env()
+        self._updates_seen = 0
         self.detail_every = self.check_every * math.ceil(DETAIL_EVERY / self.check_every)
         self.tensor_norms_every = tensor_norms_every or self.detail_every * 5
         self.activations_every = activations_every
@@ -376,8 +377,10 @@ class Probe:
                 raise
             except Exception as exc:  # _guard's work, inline: this runs every step
                 self._disable(exc)
-        if self.stop_after is not None and self.step >= self.stop_after:
-            self._stop_here()
+        if self.stop_after is not None:
+            self._updates_seen += 1  # counted here, so a probe disabled by an error still stops
+            if self._updates_seen >= self.stop_after:
+                self._stop_here()
 
     def _stop_here(self) -> None:
         """`syncdoctor experiment --steps N`: close the records (the last check is
