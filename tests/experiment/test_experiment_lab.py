@@ -122,3 +122,33 @@ def test_the_variant_that_removes_the_fault_is_named(tmp_path: Path, fault: str,
         assert any(name in line.split("→")[0] for line in result["verdict"] if "→" in line), result["verdict"]
     if decoy:
         assert not set(causes) & set(result["removed"].get(decoy, [])), result
+
+
+def test_an_unmodified_torchrun_job_stops_after_n_steps_on_every_rank(tmp_path: Path) -> None:
+    """No lab: a plain DDP script under torchrun, stopped at step 12 of its 500 by the
+    probe; its single-rank rerun goes through torchrun --standalone on one process."""
+    from syncdoctor.lab.launch import free_port
+    from syncdoctor.records import read_run
+
+    script = Path(__file__).parents[1] / "probe" / "scripts" / "ddp_train.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    torchrun += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), "--steps", "500"]
+    proc = subprocess.run(
+        [*SYNCDOCTOR, "experiment", "--out", str(tmp_path), "--steps", "12", "--variants", "single", "--json"]
+        + ["--", *torchrun],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert "--standalone" in result["single_rank_command"] and "--master-port" not in result["single_rank_command"]
+    for name, world in (("control", 2), ("single", 1)):
+        run = read_run(tmp_path / name)
+        assert sorted(run.ends) == list(range(world)), name
+        assert all(end["step"] == 12 and "stopped after step 12" in end["message"] for end in run.ends.values())
+        assert json.loads((tmp_path / name / "run.json").read_text())["returncode"] == 0  # torchrun saw a clean exit
+        assert not in_run(tmp_path / name)
