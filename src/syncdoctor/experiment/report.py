@@ -31,7 +31,7 @@ def row(m: Measures, comparison: Comparison) -> list[str]:
     if not m.ran or m.error:
         return [m.name, _applied(m), "", "", "", "", "", ""]
     if m.replicas_agree is None:
-        agree = "no check"
+        agree = "one rank" if m.world_size == 1 else "no check"
     elif m.replicas_agree:
         agree = "yes"
     else:
