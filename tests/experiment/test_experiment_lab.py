@@ -100,7 +100,7 @@ def test_an_interrupted_experiment_leaves_no_process(tmp_path: Path) -> None:
 
 # The must-show mapping: (fault, the variant that must remove its anomaly, one that must not).
 MAPPING = [
-    ("init-mismatch", "broadcast,seeds", "modes"),
+    ("init-mismatch", "broadcast,seeds", ""),
     ("shard-overlap", "data", "modes"),
     ("unseeded-shuffle", "data", ""),
     ("loss-hparam-mismatch", "hparams", ""),
