@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     from syncdoctor import __version__
     from syncdoctor import export as export_cli
     from syncdoctor.doctor import cli as doctor_cli
+    from syncdoctor.experiment import cli as experiment_cli
     from syncdoctor.lab import cli as lab_cli
     from syncdoctor.preflight import cli as preflight_cli
     from syncdoctor.probe import cli as probe_cli
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab_cli.register(sub)
     probe_cli.register(sub)
     doctor_cli.register(sub)
+    experiment_cli.register(sub)
     export_cli.register(sub)
     preflight_cli.register(sub)
     return parser

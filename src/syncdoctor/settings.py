@@ -25,6 +25,10 @@ VALIDATE_RECORDS_ENV = "SYNCDOCTOR_VALIDATE_RECORDS"
 VARIANT_ENV = "SYNCDOCTOR_VARIANT"
 VARIANT_WORLD_ENV = "SYNCDOCTOR_VARIANT_WORLD"
 VARIANTS = ("single", "seeds", "broadcast", "hparams", "data", "modes")
+# `syncdoctor experiment --steps N`: each rank closes its probe after optimizer step N and
+# leaves through SystemExit(0) raised from the step hook. Ranks in lockstep (every step is
+# a collective) reach step N together, so none is left waiting in a collective.
+STOP_AFTER_ENV = "SYNCDOCTOR_STOP_AFTER"
 
 # -- defaults shared by the torch and the MindSpore probe -------------------------------
 # The default K. A check costs ~0.5 ms in the training loop of a 100k-parameter MLP
@@ -94,6 +98,15 @@ def on_mismatch_from_env(given: str | None) -> str:
 def disabled_by_env() -> bool:
     """SYNCDOCTOR_DISABLE set: no probe attaches, whatever the code asks."""
     return bool(os.environ.get(DISABLE_ENV))
+
+
+def stop_after_from_env() -> int | None:
+    """The step after which this rank stops (STOP_AFTER_ENV), or None: run to the end."""
+    text = os.environ.get(STOP_AFTER_ENV, "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+STOPPED_MESSAGE = "stopped after step {step} ({env})"
 
 
 class SyncMismatchError(RuntimeError):

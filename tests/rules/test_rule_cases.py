@@ -8,7 +8,8 @@ optional `cases.json` in the code's folder adds what a case expects, by case nam
 - `input`: the path to use, relative to the code's folder, when the case is not a
   file of its own (the shared clean run, a public log of the corpus, or a sibling
   rule's fire case as a near miss: `silent_near`);
-- doctor rules: `top` (the code is the first finding), `ranks`, `step`;
+- doctor rules: `top` (the code is the first finding), `ranks`, `step`, `baseline`
+  (a baseline run, relative to the code's folder: `diagnose --baseline`);
 - preflight checks: `lines` (the lines this code's findings are at), `rank_table`
   (the input is given as `--rank-table`), `environ` (the launch environment),
   `compare` (manifests to compare). A script's expected findings are its
@@ -72,8 +73,8 @@ ALL_CASES = [case for folder in code_folders() for case in cases_of(folder)]
 
 
 @cache
-def diagnosis(path: Path) -> Diagnosis:
-    return diagnose([path])
+def diagnosis(path: Path, baseline: Path | None = None) -> Diagnosis:
+    return diagnose([path], baseline=[baseline] if baseline else None)
 
 
 def preflight(case: Case) -> list[PreflightFinding]:
@@ -106,7 +107,8 @@ def test_case(case: Case) -> None:
 
 
 def check_doctor_case(case: Case) -> None:
-    diag = diagnosis(case.path)
+    baseline = case.options.get("baseline")
+    diag = diagnosis(case.path, (HERE / case.code / baseline).resolve() if baseline else None)
     found = {f.code: f for f in diag.findings}
     listed = [(f.code, f.confidence, f.title) for f in diag.findings]
     if not case.fires:

@@ -13,6 +13,7 @@ from typing import Any
 
 from syncdoctor.lab.faults import FAULTS, plans_for
 from syncdoctor.lab.launch import free_port, run_ranks
+from syncdoctor.settings import RUN_DIR_ENV
 
 STARTUP_BUDGET_S = 60.0  # interpreter, torch import and process-group rendezvous
 
@@ -92,8 +93,7 @@ def run_lab(
     if style in spec.ms_styles_not_on:
         raise ValueError(f"fault {fault} is not built in the {style} style: {spec.ms_styles_not_on[style]}")
     out = Path(out or f"runs/{fault}{'-' + variant if variant else ''}-w{world_size}-s{seed}")
-    if out.exists():
-        shutil.rmtree(out)  # a run folder holds exactly one run
+    _clear(out)
     (out / "plans").mkdir(parents=True)
     plans = plans_for(fault, variant, world_size, steps=steps, onset=onset, seed=seed, pg_timeout_s=pg_timeout_s)
     for plan in plans:
@@ -120,6 +120,25 @@ def run_lab(
             result.steps_done[rank] = data["steps"]
     (out / "lab.json").write_text(json.dumps(result.to_json(), indent=1))
     return result
+
+
+def _clear(out: Path) -> None:
+    """A run folder holds exactly one run. When it is also the folder of the `syncdoctor
+    run` (or `syncdoctor experiment`) this lab run is started by, what that command put
+    there first (the probe's boot files, its logs, run.json) stays."""
+    if not out.exists():
+        return
+    outer = os.environ.get(RUN_DIR_ENV)
+    if not outer or Path(outer).resolve() != out.resolve():
+        shutil.rmtree(out)
+        return
+    for entry in out.iterdir():
+        if entry.name in (".syncdoctor", "logs", "run.json"):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def _run_torch(plans: list, out: Path, timeout_s: float) -> tuple[list[int | None], bool]:

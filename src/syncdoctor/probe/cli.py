@@ -129,14 +129,14 @@ def prepare(
     return env
 
 
-def _become_subreaper() -> None:
+def become_subreaper() -> None:
     with contextlib.suppress(Exception):
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _reap_orphans(deadline_s: float) -> list[int]:
+def reap_orphans(deadline_s: float) -> list[int]:
     """Wait (bounded) for processes re-parented to us; returns the pids still running."""
     deadline = time.monotonic() + deadline_s
     while True:
@@ -146,11 +146,11 @@ def _reap_orphans(deadline_s: float) -> list[int]:
             return []
         if pid == 0:
             if time.monotonic() > deadline:
-                return _children()
+                return children()
             time.sleep(0.02)
 
 
-def _children() -> list[int]:
+def children() -> list[int]:
     try:
         text = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text()
     except OSError:
@@ -163,7 +163,7 @@ def run_command(command: list[str], out: Path, check_every: int | None = None, o
     env = prepare(out, check_every, on_mismatch)
     meta: dict[str, Any] = {"command": command, "cwd": os.getcwd(), "start": time.time(), "python": sys.executable}
     (out / "run.json").write_text(json.dumps(meta, indent=1))
-    _become_subreaper()
+    become_subreaper()
     try:
         proc = subprocess.Popen(command, env=env)
     except OSError as exc:  # as a shell: 127 not found, 126 not executable
@@ -183,7 +183,7 @@ def run_command(command: list[str], out: Path, check_every: int | None = None, o
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    left = _reap_orphans(REAP_WAIT_S)
+    left = reap_orphans(REAP_WAIT_S)
     meta.update({"end": time.time(), "returncode": code, "still_running": left})
     (out / "run.json").write_text(json.dumps(meta, indent=1))
     print(f"syncdoctor: {attach_report(out)}", file=sys.stderr)

@@ -91,6 +91,8 @@ class Probe:
         self.loss_fn, self.loader, self.global_batch = loss_fn, loader, global_batch
         self.baseline = baseline  # the single-card recipe (lr, batch_size), for the doctor
         self.check_every = settings.check_every_from_env(check_every)
+        self.stop_after = settings.stop_after_from_env()
+        self._updates_seen = 0
         self.detail_every = self.check_every * math.ceil(DETAIL_EVERY / self.check_every)
         self.tensor_norms_every = tensor_norms_every or self.detail_every * 5
         self.activations_every = activations_every
@@ -373,6 +375,19 @@ class Probe:
                 raise
             except Exception as exc:  # _guard's work, inline: this runs every step
                 self._disable(exc)
+        if self.stop_after is not None:
+            self._updates_seen += 1  # counted here, so a probe disabled by an error still stops
+            if self._updates_seen >= self.stop_after:
+                self._stop_here()
+
+    def _stop_here(self) -> None:
+        """`syncdoctor experiment --steps N`: close the records (the last check is
+        posted and read) and leave the program as `sys.exit(0)` would. Every rank gets
+        here after the same step, the collectives of that step done."""
+        message = settings.STOPPED_MESSAGE.format(step=self.step, env=settings.STOP_AFTER_ENV)
+        self.close("ok", message)
+        _flush_streams()
+        raise SystemExit(0)
 
     # ------------------------------------------------------------------ records
     def _end_iteration(self, stepped: bool, overflow: bool) -> None:
@@ -605,6 +620,14 @@ def fp16_exact(grads: list[torch.Tensor]) -> bool | None:
     return precision.fp16_exact(
         grads, lambda g: str(g.dtype).removeprefix("torch."), lambda g, n: g.detach().reshape(-1)[:n].cpu().numpy()
     )
+
+
+def _flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
 
 
 class NullProbe:

@@ -366,6 +366,10 @@ class MindSporeProbe:
             raise  # on_mismatch="raise": stopping the training is what the user asked for
         except Exception as exc:  # never let the probe stop training
             self._event("exception", f"probe step failed: {exc!r}")
+        stop_after = settings.stop_after_from_env()
+        if stop_after is not None and self.step >= stop_after:  # `syncdoctor experiment --steps N`
+            self.close("ok", settings.STOPPED_MESSAGE.format(step=self.step, env=settings.STOP_AFTER_ENV))
+            raise SystemExit(0)
 
     def _after_step(
         self,

@@ -1,0 +1,1 @@
+"""`syncdoctor experiment`: rerun the user's job under controlled variants (docs/experiment.md)."""
