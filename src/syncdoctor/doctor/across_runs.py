@@ -38,14 +38,19 @@ class HostCount:
     where: list[str]  # "RUN: rank R at step S"
 
 
-def diagnose_runs(groups: Sequence[Sequence[str | Path]]) -> list[RunDiagnosis]:
-    """Diagnose each group of paths (one run folder, or the loose logs) on its own."""
-    from syncdoctor.doctor.diagnose import diagnose_evidence, load_evidence
+def diagnose_runs(
+    groups: Sequence[Sequence[str | Path]], baseline: Sequence[str | Path] | None = None
+) -> list[RunDiagnosis]:
+    """Diagnose each group of paths (one run folder, or the loose logs) on its own,
+    each against ``baseline`` when one is given."""
+    from syncdoctor.doctor.diagnose import diagnose_evidence, load_baseline, load_evidence
     from syncdoctor.doctor.rules.sd971_silent_corruption import device_of
 
     out = []
     for paths in groups:
         ev = load_evidence(paths)
+        if baseline:
+            load_baseline(ev, baseline)
         diag = diagnose_evidence(ev)
         suspects = []
         for finding in diag.findings:

@@ -29,6 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "standard input); several run folders are diagnosed each on its own, then across runs "
         "(a host that recurs)",
     )
+    p.add_argument(
+        "--baseline",
+        metavar="BASELINE_RUN",
+        action="append",
+        help="a single-card (or earlier healthy) run of the same recipe: a probe run folder or logs, "
+        "as PATH takes them (repeat for several log files); says where the loss curves part and "
+        "whether the difference is the parallel part",
+    )
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON on stdout")
     p.add_argument(
         "--html",
@@ -58,7 +66,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if len(run_dirs) > 1:
         return _diagnose_runs(args, run_dirs, [p for p in args.paths if p not in run_dirs])
     with _stdin_as_file(args.paths) as paths:
-        diag = diagnose(paths)
+        diag = diagnose(paths, baseline=args.baseline)
     if args.html:
         path = Path(args.html)
         try:
@@ -81,7 +89,7 @@ def _diagnose_runs(args: argparse.Namespace, run_dirs: list[str], loose: list[st
     from syncdoctor.doctor import across_runs
     from syncdoctor.doctor.report import render_html
 
-    runs = across_runs.diagnose_runs([[d] for d in run_dirs] + ([loose] if loose else []))
+    runs = across_runs.diagnose_runs([[d] for d in run_dirs] + ([loose] if loose else []), baseline=args.baseline)
     if args.html:
         base = Path(args.html)
         for i, run in enumerate(runs, 1):

@@ -262,12 +262,47 @@ def _in_mesh_terms(ev: Evidence, findings: list[Finding]) -> None:
             finding.evidence[:0] = lines
 
 
+def load_baseline(run: Evidence, baseline: Sequence[str | Path]) -> None:
+    """Read the baseline run and set ``run.baseline`` to the comparison (before the
+    rules run: SD105 reads it). Bad baseline input is an InputError naming the baseline."""
+    from syncdoctor.doctor.baseline import compare
+
+    try:
+        base = load_evidence(baseline)
+    except InputError as exc:
+        raise InputError(f"--baseline: {exc}") from exc
+    if not base.losses.height:
+        raise InputError("--baseline: no training loss found in " + ", ".join(map(str, baseline)))
+    if not run.losses.height:
+        run.warnings.append("--baseline: this run has no training loss to compare with the baseline")
+        return
+    run.baseline = compare(run, base, ", ".join(map(str, baseline)))
+
+
+def _with_baseline(ev: Evidence, diag: Diagnosis) -> None:
+    """The baseline's word on the ranking: a run worse than a healthy baseline with no
+    cause found is no longer 'healthy'; the top cause gains the comparison as evidence."""
+    cmp = ev.baseline
+    diag.baseline = cmp
+    if cmp is None:
+        return
+    if cmp.verdict == "parallel_part":
+        line = f"baseline {cmp.path}: {cmp.summary}"
+        if diag.findings and diag.findings[0].category not in NOT_SYNC:
+            diag.findings[0].evidence.append(line)
+        elif diag.verdict == "healthy":
+            diag.verdict = "inconclusive"
+            diag.warnings.insert(
+                0, f"{line} — yet no sync cause was found: run under `syncdoctor run` with checks to find it"
+            )
+
+
 def diagnose_evidence(ev: Evidence) -> Diagnosis:
     findings = run_rules(ev)
     _in_mesh_terms(ev, findings)
     ev.warnings[:0] = _unchecked(ev)
     div = ev.divergence
-    return Diagnosis(
+    diag = Diagnosis(
         verdict=verdict_for(ev, findings),
         loss_shape=ev.mean_shape,
         findings=findings,
@@ -288,7 +323,14 @@ def diagnose_evidence(ev: Evidence) -> Diagnosis:
         loss_series=_series(ev.losses.sort("rank", "step"), "loss"),
         grad_norm_series=_series(ev.steps.sort("rank", "step"), _grad_norm_column(ev)) if ev.has_records else {},
     )
+    _with_baseline(ev, diag)
+    return diag
 
 
-def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
-    return diagnose_evidence(load_evidence(paths))
+def diagnose(paths: Sequence[str | Path], baseline: Sequence[str | Path] | None = None) -> Diagnosis:
+    """Diagnose ``paths``; with ``baseline`` (a single-card or earlier healthy run),
+    compare the loss curves too (doctor/baseline.py)."""
+    ev = load_evidence(paths)
+    if baseline:
+        load_baseline(ev, baseline)
+    return diagnose_evidence(ev)

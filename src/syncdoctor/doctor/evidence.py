@@ -74,6 +74,8 @@ class Evidence:
         self.records = records
         self.logs = logs
         self.warnings = list(warnings or [])
+        # Set by `diagnose --baseline`: the comparison with a baseline run (doctor/baseline.py).
+        self.baseline: Any = None
         if records is not None:
             self.warnings += records.warnings
         if logs is not None:

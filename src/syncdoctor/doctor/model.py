@@ -131,6 +131,8 @@ class Diagnosis:
     world_size: int | None = None
     grad_norm_kind: str = ""  # "local": each rank's own gradient before the reduction; "reduced": after it
     run: dict[str, str] = field(default_factory=dict)  # what ran, from the snapshots (doctor/run_facts.py)
+    # `diagnose --baseline`: the comparison with a baseline run (doctor/baseline.py), else None.
+    baseline: Any = None
 
     def to_json(self, include_series: bool = False) -> dict[str, Any]:
         """The JSON form; plot series only on request (they dominate its size)."""
@@ -141,6 +143,11 @@ class Diagnosis:
             if f.name in series:
                 if include_series:
                     out[f.name] = {str(k): v for k, v in value.items()}
+            elif f.name == "baseline":
+                if value is not None:
+                    from syncdoctor.doctor.baseline import to_json
+
+                    out[f.name] = to_json(value, include_series)
             elif isinstance(value, list):
                 out[f.name] = [asdict(v) if is_dataclass(v) else v for v in value]
             else:

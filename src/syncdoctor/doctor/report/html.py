@@ -113,6 +113,7 @@ def render_fragment(diag: Diagnosis, title: str = "syncdoctor report") -> str:
         [
             _header(diag, title),
             _shape_section(diag),
+            _baseline_section(diag),
             _findings_section(diag.findings),
             _charts_section(diag),
             _ranks_section(diag),
@@ -315,6 +316,72 @@ def _list_section(heading: str, items: list[str], anchor: str) -> str:
         return ""
     lis = "".join(f"<li>{_e(x, limit=2000)}</li>" for x in items)
     return f'<section id="{anchor}"><h2>{escape(heading)}</h2><ul>{lis}</ul></section>'
+
+
+def _baseline_section(diag: Diagnosis) -> str:
+    """`diagnose --baseline`: the verdict, its evidence, both mean curves on one plot
+    with the parting step marked."""
+    cmp = diag.baseline
+    if cmp is None:
+        return ""
+    from syncdoctor.doctor.baseline import VERDICT_TEXT as BASELINE_TEXT
+
+    cls = {"agree": "ok", "better": "ok", "parallel_part": "bad", "not_parallel_part": "warn"}.get(cmp.verdict, "info")
+    items = "".join(f"<li>{_e(line, limit=600)}</li>" for line in cmp.evidence)
+    return (
+        '<section id="baseline"><h2>Against the baseline</h2>'
+        f'<p><span class="tag {cls}" id="sd-baseline-verdict">{_e(BASELINE_TEXT.get(cmp.verdict, cmp.verdict))}</span> '
+        f"baseline: <code>{_e(cmp.path, limit=300, oneline=True)}</code></p>"
+        f"<ul>{items}</ul>{_baseline_chart(cmp)}</section>"
+    )
+
+
+def _baseline_chart(cmp) -> str:
+    curves = {}
+    for key in ("run", "baseline"):
+        try:
+            steps, values = _as_arrays(cmp.series.get(key) or [])
+        except (TypeError, ValueError):
+            continue
+        if steps.size:
+            curves[key] = (steps, values)
+    if not curves:
+        return ""
+    domain = ch.step_domain([s for s, _ in curves.values()], [cmp.parted_at_step])
+    xs = ch.Scale(domain[0], domain[1], ch.LEFT, ch.WIDTH - ch.RIGHT)
+    top, bottom = ch.TOP + 8, ch.HEIGHT - ch.BOTTOM
+    ys = ch.value_scale([v for _, v in curves.values()], bottom, top)
+    parts = [
+        ch.svg_open(ch.HEIGHT, "loss of this run and of the baseline"),
+        ch.y_axis(ys, "loss" + (" (log)" if ys.log else "")),
+    ]
+    colours = {"run": ch.PALETTE[3], "baseline": ch.PALETTE[0]}
+    names = {"run": "this run (mean over ranks)", "baseline": "baseline (mean over ranks)"}
+    for key, (steps, values) in curves.items():
+        x, y = downsample(steps, ch.finite_clipped(values), 2 * ch.PLOT_W)
+        parts.append(
+            f'<path class="line" id="sd-baseline-{key}" stroke="{colours[key]}" '
+            f'd="{ch.polyline_path(xs.px(x), ys.px(y))}"><title>{names[key]}</title></path>'
+        )
+    if cmp.parted_at_step is not None:
+        x1 = float(xs.px(cmp.parted_at_step))
+        anchor = "end" if x1 > ch.LEFT + ch.PLOT_W * 0.6 else "start"
+        dx = -4 if anchor == "end" else 4
+        parts.append(
+            f'<line class="div" id="sd-baseline-parting" x1="{ch._f(x1)}" y1="{ch._f(top)}" x2="{ch._f(x1)}" '
+            f'y2="{ch._f(bottom)}"/><text class="divl" x="{ch._f(x1 + dx)}" y="{ch._f(top - 6)}" '
+            f'text-anchor="{anchor}">curves part at step {cmp.parted_at_step}</text>'
+        )
+    parts.append(
+        ch.x_axis(
+            xs, bottom, "step of this run" + (" (baseline by samples seen)" if cmp.aligned_by == "samples" else "")
+        )
+    )
+    parts.append("</svg>")
+    legend = [("line", colours[k], names[k]) for k in curves]
+    if cmp.parted_at_step is not None:
+        legend.append(("mark", "#c62828", "where the curves part"))
+    return "<h3>Loss: this run and the baseline</h3>" + "".join(parts) + _legend(legend)
 
 
 # --- charts ------------------------------------------------------------------------------------

@@ -54,6 +54,9 @@ def render_terminal(diag: Diagnosis, console: Console | None = None) -> None:
     if diag.divergence_step is not None:
         out(Text.assemble(_t("Replicas parted ", "bold"), _t(bracket_text(diag))))
 
+    if diag.baseline is not None:
+        out(_baseline(diag.baseline))
+
     if diag.findings:
         out(_top_finding(diag.findings[0]))
         if len(diag.findings) > 1:
@@ -75,6 +78,38 @@ def render_terminal(diag: Diagnosis, console: Console | None = None) -> None:
         out(_t("Input warnings", "bold yellow"))
         for w in diag.warnings:
             out(_bullet(clean(w, oneline=True), "yellow"))
+
+
+_BASELINE_STYLE = {
+    "agree": "green",
+    "better": "green",
+    "parallel_part": "red",
+    "not_parallel_part": "yellow",
+    "inconclusive": "blue",
+}
+
+
+_SHAPE_LINES = ("this run's loss shape:", "the baseline's loss shape:")
+
+
+def _baseline(cmp) -> Group:
+    """The comparison with a baseline run: its verdict, then the evidence lines."""
+    from syncdoctor.doctor.baseline import VERDICT_TEXT as BASELINE_TEXT
+
+    lines: list[Text] = [
+        Text.assemble(
+            _t("Against the baseline ", "bold"),
+            _t(BASELINE_TEXT.get(cmp.verdict, cmp.verdict), f"bold {_BASELINE_STYLE.get(cmp.verdict, '')}"),
+            _t("  " + clean(cmp.path, oneline=True, limit=120), "dim"),
+        )
+    ]
+    shapes = " / ".join(s.shape if s else "no curve" for s in (cmp.run_shape, cmp.baseline_shape))
+    lines.append(_bullet(f"loss shape, this run / baseline: {shapes}", "dim"))
+    # The shapes' own explanations are in the JSON and the HTML; here one line each is enough.
+    lines.extend(
+        _bullet(clean(e, oneline=True, limit=400), "dim") for e in cmp.evidence if not e.startswith(_SHAPE_LINES)
+    )
+    return Group(*lines)
 
 
 def _t(text: str, style: str = "") -> Text:

@@ -1,0 +1,440 @@
+"""A run against a baseline run: where the loss curves part, and whether the
+difference is the parallel part.
+
+The baseline is a single-card run of the same recipe, or an earlier healthy run.
+Both are read the way ``diagnose PATH`` reads anything (probe run folders, raw
+logs); each yields a loss curve: the mean over ranks per step, and one curve per
+rank. docs/baseline.md explains every choice below; in short:
+
+* **Alignment.** By step; when both runs' snapshots give a global batch and they
+  differ, by samples seen (step × global batch), since a 2-card run at step s has
+  seen what one card sees at step 2s. Which one was used is reported.
+* **Noise band.** The curves are compared on rolling medians of ``w`` points (the
+  window shape.py uses, ≈ n/10). The baseline's own step-to-step noise σ
+  (1.4826·MAD of its moves / √2) gives the standard error of the difference of two
+  such medians, 1.25·σ·√(2/w); the band is 4 of those. Two healthy runs also
+  differ by their seeds and data order from the first step on: the gap over the
+  first ``w`` compared points sets a floor. Positive losses are compared in log
+  space, so a band means the same fraction of the level early and late.
+* **Parting.** The first compared point from which the difference stays outside
+  the band (on ≥ 80 % of the points from there to the end, at least 3 of them,
+  starting with this one), on one side.
+* **Verdict.** The shapes first (shape.py on each whole curve): both curves show
+  the same kind of trouble (blow-up, stuck, jumps) → ``not_parallel_part``; only
+  the run does → ``parallel_part``; only the baseline → ``better``. Otherwise the
+  parting decides: run higher → ``parallel_part``, lower → ``better``, none →
+  ``agree``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import polars as pl
+
+from syncdoctor.doctor.model import LossShape
+from syncdoctor.doctor.rules.sd101_train_divergence import BLOW_UP
+from syncdoctor.doctor.series import downsample
+
+if TYPE_CHECKING:
+    from syncdoctor.doctor.evidence import Evidence
+
+BaselineVerdict = Literal["agree", "parallel_part", "not_parallel_part", "better", "inconclusive"]
+VERDICT_TEXT = {
+    "agree": "the curves agree (within the baseline's noise)",
+    "parallel_part": "the parallel part: this run is worse where the baseline is fine",
+    "not_parallel_part": "not the parallel part: the baseline shows the same problem",
+    "better": "better than the baseline",
+    "inconclusive": "cannot tell: too little overlap between the two curves",
+}
+# The kinds of trouble a loss shape names (shape.py); shapes not listed are fine.
+PROBLEM = {
+    "diverging": "blow-up",
+    "nonfinite": "blow-up",
+    "plateau_chance": "stuck",
+    "flat": "stuck",
+    "sawtooth": "jumps",
+}
+BAND_SE = 4.0  # standard errors: over ~100 compared points, noise alone crosses 4 SE almost never
+PERSIST = 0.8  # share of the points from the parting on that must stay outside the band
+MIN_PERSIST_POINTS = 3
+MIN_OVERLAP = 5  # points, as shape.py needs to read a shape
+SERIES_POINTS = 2000
+
+
+@dataclass
+class RankParting:
+    rank: int
+    parted_at_step: int | None
+    direction: str | None  # "worse" (higher loss) | "better"
+    shape: str
+
+
+@dataclass
+class BaselineComparison:
+    """The comparison's outcome: what `diagnose --baseline` adds to a diagnosis."""
+
+    path: str
+    verdict: BaselineVerdict
+    summary: str
+    aligned_by: str  # "step" | "samples"
+    run_world_size: int | None
+    baseline_world_size: int | None
+    run_global_batch: int | None
+    baseline_global_batch: int | None
+    run_shape: LossShape | None
+    baseline_shape: LossShape | None
+    run_problem: str | None  # blow-up | stuck | jumps | None (PROBLEM)
+    baseline_problem: str | None
+    parted_at_step: int | None = None  # in the run's steps
+    parted_at_baseline_step: int | None = None  # the same point in the baseline's steps
+    direction: str | None = None  # worse | better: the run against the baseline after the parting
+    run_loss_at_parting: float | None = None  # both smoothed (rolling median), at the parting
+    baseline_loss_at_parting: float | None = None
+    run_loss_at_end: float | None = None  # both smoothed, at the last compared point
+    baseline_loss_at_end: float | None = None
+    compared_steps: list[int] = field(default_factory=list)  # [first, last] run steps compared
+    compared_points: int = 0
+    scale: str = "log"  # log | linear: where the difference is measured
+    noise_band: float | None = None  # half-width of the band, in that scale
+    baseline_noise: float | None = None  # σ of one baseline point, in that scale
+    early_gap: float | None = None  # the gap over the first compared points, in that scale
+    window: int | None = None  # points per rolling median
+    ranks: list[RankParting] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+    # For the plot: {"run": [[run step, loss]], "baseline": [[run step, loss]]}; the
+    # baseline placed on the run's step axis by the alignment.
+    series: dict[str, list[list[float]]] = field(default_factory=dict)
+
+
+@dataclass
+class _Curve:
+    steps: np.ndarray  # int steps, sorted
+    mean: np.ndarray  # mean loss over ranks at each step
+    per_rank: dict[int, tuple[np.ndarray, np.ndarray]]
+    shape: LossShape | None
+    rank_shapes: list[LossShape]
+    world_size: int | None
+    global_batch: int | None
+
+
+def _global_batch(ev: Evidence) -> int | None:
+    for snap in ev.snapshots.values():
+        gb = snap.get("global_batch")
+        if isinstance(gb, int) and gb > 0:
+            return gb
+        loader, world = snap.get("loader") or {}, snap.get("world_size")
+        bs = loader.get("batch_size") if isinstance(loader, dict) else None
+        if isinstance(bs, int) and bs > 0 and isinstance(world, int) and world > 0:
+            return bs * world
+    return None
+
+
+def _curve(ev: Evidence) -> _Curve:
+    losses = ev.losses
+    mean = losses.group_by("step").agg(pl.col("loss").mean()).sort("step")
+    per_rank = {}
+    for (rank,), part in losses.sort("rank", "step").group_by("rank", maintain_order=True):
+        per_rank[int(rank)] = (part["step"].to_numpy().astype(np.int64), part["loss"].cast(pl.Float64).to_numpy())
+    return _Curve(
+        steps=mean["step"].to_numpy().astype(np.int64),
+        mean=mean["loss"].cast(pl.Float64).to_numpy(),
+        per_rank=per_rank,
+        shape=ev.mean_shape,
+        rank_shapes=ev.rank_shapes,
+        world_size=ev.world_size,
+        global_batch=_global_batch(ev),
+    )
+
+
+def _problem(curve: _Curve) -> tuple[str | None, str]:
+    """(kind of trouble, why) for a curve: the mean curve's shape (shape.py), a rank's
+    non-finite loss, or a blow-up the loss never came back from (SD101's measure: the
+    peak 5× the start, the last quarter still above half the start; healthy
+    training never reaches that, and a run that blew up then got stuck is not a
+    'spike' however the shape reads)."""
+    nonfinite = [s.rank for s in curve.rank_shapes if s.shape == "nonfinite"]
+    if nonfinite:
+        return "blow-up", f"non-finite loss on rank(s) {nonfinite[:8]}"
+    if curve.shape is not None and curve.shape.shape in PROBLEM:
+        return PROBLEM[curve.shape.shape], f"loss shape {curve.shape.shape}"
+    y = curve.mean[np.isfinite(curve.mean)]
+    if y.size >= 10:
+        start, peak = float(np.min(y[:3])), float(np.max(y))
+        tail = float(np.median(y[-max(6, y.size // 4) :]))
+        if start > 0 and peak > BLOW_UP * start and tail > 0.5 * start:
+            return "blow-up", (
+                f"the loss blew up from {start:.3g} to {peak:.3g} and stayed at {tail:.3g} (last quarter), "
+                "never back to learning"
+            )
+    return None, ""
+
+
+def _rolling_median(y: np.ndarray, window: int) -> np.ndarray:
+    half = window // 2
+    if y.size <= half:
+        return y.copy()
+    padded = np.pad(y, half, mode="reflect")
+    return np.median(np.lib.stride_tricks.sliding_window_view(padded, window), axis=1)
+
+
+def _window(n: int) -> int:
+    w = min(51, max(3, n // 10))
+    return w + 1 - w % 2
+
+
+@dataclass
+class _Band:
+    scale: str
+    window: int
+    sigma: float
+    early_gap: float
+    half_width: float
+
+
+def _parting(diff: np.ndarray, band: float) -> tuple[int, str] | None:
+    """(index, direction) of the first point from which ``diff`` stays beyond ``band``
+    on one side: this point and ≥ PERSIST of the rest, at least MIN_PERSIST_POINTS."""
+    best: tuple[int, str] | None = None
+    n = diff.size
+    for sign, direction in ((1.0, "worse"), (-1.0, "better")):
+        out = np.nan_to_num(sign * diff, nan=np.inf) > band  # a non-finite run loss is out
+        after = np.cumsum(out[::-1])[::-1]  # points outside from i to the end
+        remaining = np.arange(n, 0, -1)
+        ok = out & (after >= PERSIST * remaining) & (remaining >= MIN_PERSIST_POINTS)
+        if ok.any():
+            i = int(np.argmax(ok))
+            if best is None or i < best[0]:
+                best = (i, direction)
+    return best
+
+
+def compare(run: Evidence, baseline: Evidence, baseline_path: str = "") -> BaselineComparison:
+    """Compare ``run`` with ``baseline`` (see the module docstring)."""
+    a, b = _curve(run), _curve(baseline)
+    by_samples = bool(a.global_batch and b.global_batch and a.global_batch != b.global_batch)
+    ratio = (b.global_batch / a.global_batch) if by_samples else 1.0  # baseline step → run step
+    (run_problem, run_why), (base_problem, base_why) = _problem(a), _problem(b)
+    out = BaselineComparison(
+        path=baseline_path,
+        verdict="inconclusive",
+        summary="",
+        aligned_by="samples" if by_samples else "step",
+        run_world_size=a.world_size,
+        baseline_world_size=b.world_size,
+        run_global_batch=a.global_batch,
+        baseline_global_batch=b.global_batch,
+        run_shape=a.shape,
+        baseline_shape=b.shape,
+        run_problem=run_problem,
+        baseline_problem=base_problem,
+    )
+    base_x = b.steps * ratio  # the baseline on the run's step axis
+    out.series = {
+        "run": _pairs(a.steps.astype(float), a.mean),
+        "baseline": _pairs(base_x, b.mean),
+    }
+    evidence = out.evidence
+    evidence.append(_alignment_line(a, b, by_samples))
+    evidence.append(f"this run's loss shape: {_shape_text(a.shape)}")
+    evidence.append(f"the baseline's loss shape: {_shape_text(b.shape)}")
+    for who, problem, why in (("this run", run_problem, run_why), ("the baseline", base_problem, base_why)):
+        if problem:
+            evidence.append(f"{who} is in trouble ({problem}): {why}")
+
+    # The compared points: the run's steps inside the baseline's span.
+    lo, hi = max(a.steps.min(initial=0), base_x.min(initial=0)), min(a.steps.max(initial=0), base_x.max(initial=0))
+    inside = (a.steps >= lo) & (a.steps <= hi) if a.steps.size and b.steps.size else np.zeros(0, bool)
+    x = a.steps[inside]
+    band = None
+    if x.size >= MIN_OVERLAP and np.isfinite(b.mean).sum() >= MIN_OVERLAP:
+        band = _measure(out, a, b, base_x, inside, ratio)
+    elif a.steps.size and b.steps.size:
+        evidence.append(f"only {x.size} of this run's steps fall inside the baseline's span: too few to compare")
+
+    out.verdict = _verdict(out, run_problem, base_problem, band is not None)
+    out.summary = _summary(out)
+    return out
+
+
+def _measure(
+    out: BaselineComparison, a: _Curve, b: _Curve, base_x: np.ndarray, inside: np.ndarray, ratio: float
+) -> _Band:
+    x = a.steps[inside]
+    run_y = a.mean[inside]
+    # The baseline at the run's points: its rolling median interpolated, so the
+    # baseline's own noise is smoothed as much as the run's.
+    finite_b = np.isfinite(b.mean)
+    positive = bool(np.all(a.mean[np.isfinite(a.mean)] > 0) and np.all(b.mean[finite_b] > 0))
+    scale = "log" if positive else "linear"
+
+    def tr(y: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.log(y) if positive else y
+
+    window = _window(x.size)
+    zb_all = tr(b.mean[finite_b])
+    zb_smooth = _rolling_median(zb_all, _window(zb_all.size))
+    zb = np.interp(x, base_x[finite_b], zb_smooth)
+    # Past a baseline NaN the baseline has no value: those points count as not comparable.
+    first_bad_b = base_x[~finite_b].min() if (~finite_b).any() else np.inf
+    zb = np.where(x >= first_bad_b, np.nan, zb)
+    za_raw = tr(run_y)
+    za = _rolling_median(np.nan_to_num(za_raw, nan=np.inf), window)
+    if not np.isfinite(za_raw).all():  # from the first non-finite run loss on, the run is out
+        first = int(np.argmax(~np.isfinite(za_raw)))
+        za[first:] = np.inf
+    diff = za - zb
+    moves = np.diff(zb_all)
+    sigma = 1.4826 * float(np.median(np.abs(moves))) / math.sqrt(2.0) if moves.size else 0.0
+    se = 1.25 * sigma * math.sqrt(2.0 / window)
+    early = diff[:window]
+    early = early[np.isfinite(early)]
+    early_gap = float(np.max(np.abs(early))) if early.size else 0.0
+    half_width = max(BAND_SE * se, 1e-12)
+    band = _Band(scale, window, sigma, early_gap, half_width)
+    out.scale, out.window = scale, window
+    out.noise_band, out.baseline_noise, out.early_gap = _r(half_width), _r(sigma), _r(early_gap)
+    out.compared_steps = [int(x[0]), int(x[-1])]
+    out.compared_points = int(x.size)
+
+    def back(z: float) -> float | None:
+        if not math.isfinite(z):
+            return None
+        return _r(math.exp(z) if positive else z)
+
+    comparable = np.isfinite(zb)
+    parting = _parting(np.where(comparable, diff, 0.0), half_width)
+    last = int(np.flatnonzero(comparable)[-1]) if comparable.any() else x.size - 1
+    out.run_loss_at_end, out.baseline_loss_at_end = back(float(za[last])), back(float(zb[last]))
+    width = f"×/÷ {math.exp(half_width):.3g}" if positive else f"± {half_width:.3g}"
+    out.evidence.append(
+        f"noise band {width} around the baseline ({'log' if positive else 'linear'} scale; "
+        f"4 standard errors of the difference of two {window}-point medians, from the baseline's "
+        f"step-to-step noise {sigma:.3g}; the gap over the first {window} compared points was "
+        f"{early_gap:.3g}); {x.size} points compared, steps {x[0]}–{x[-1]}"
+    )
+    if parting is not None:
+        i, direction = parting
+        out.parted_at_step = int(x[i])
+        out.parted_at_baseline_step = int(round(x[i] / ratio))
+        out.direction = direction
+        out.run_loss_at_parting, out.baseline_loss_at_parting = back(float(za[i])), back(float(zb[i]))
+        where = f"step {out.parted_at_step}" + (
+            f" (baseline step {out.parted_at_baseline_step})"
+            if out.parted_at_baseline_step != out.parted_at_step
+            else ""
+        )
+        out.evidence.append(
+            f"the curves part at {where}: this run {_num(out.run_loss_at_parting)} vs the baseline "
+            f"{_num(out.baseline_loss_at_parting)} (smoothed), {'higher' if direction == 'worse' else 'lower'} "
+            f"from there on; at the last compared step {x[last]}: {_num(out.run_loss_at_end)} vs "
+            f"{_num(out.baseline_loss_at_end)}"
+        )
+    else:
+        out.evidence.append(
+            f"the curves stay within the band: at the last compared step {x[last]}, this run "
+            f"{_num(out.run_loss_at_end)} vs the baseline {_num(out.baseline_loss_at_end)} (smoothed)"
+        )
+    # Per rank, against the same band: a rank that parts alone is a per-rank offset.
+    if len(a.per_rank) > 1:
+        shapes = {s.rank: s.shape for s in a.rank_shapes}
+        for rank, (steps, values) in a.per_rank.items():
+            keep = (steps >= x[0]) & (steps <= x[-1])
+            rx, rz_raw = steps[keep], tr(values[keep])
+            if rx.size < MIN_OVERLAP:
+                continue
+            rz = _rolling_median(np.nan_to_num(rz_raw, nan=np.inf), _window(rx.size))
+            if not np.isfinite(rz_raw).all():
+                rz[int(np.argmax(~np.isfinite(rz_raw))) :] = np.inf
+            rzb = np.interp(rx, x[comparable], zb[comparable]) if comparable.any() else np.full(rx.size, np.nan)
+            p = _parting(np.where(np.isfinite(rzb), rz - rzb, 0.0), half_width)
+            out.ranks.append(RankParting(rank, int(rx[p[0]]) if p else None, p[1] if p else None, shapes.get(rank, "")))
+        parted = [r for r in out.ranks if r.parted_at_step is not None]
+        if parted and len(parted) < len(out.ranks):
+            out.evidence.append(
+                "per rank: "
+                + ", ".join(f"rank {r.rank} parts at step {r.parted_at_step} ({r.direction})" for r in parted[:8])
+                + f"; {len(out.ranks) - len(parted)} rank(s) stay with the baseline — a per-rank offset"
+            )
+    return band
+
+
+def _verdict(out: BaselineComparison, run_problem: str | None, base_problem: str | None, measured: bool) -> str:
+    if run_problem and base_problem:
+        if run_problem == base_problem:
+            return "not_parallel_part"
+        out.evidence.append(
+            f"both curves are in trouble but not the same kind: this run {run_problem}, the baseline "
+            f"{base_problem}; the comparison falls back on the curves' values"
+        )
+    elif run_problem:
+        return "parallel_part"
+    elif base_problem:
+        return "better"
+    if not measured:
+        return "inconclusive"
+    if out.direction == "worse":
+        return "parallel_part"
+    if any(r.direction == "worse" for r in out.ranks):
+        return "parallel_part"  # some ranks run above the baseline while the mean does not: per-rank offsets
+    if out.direction == "better":
+        return "better"
+    return "agree"
+
+
+def _summary(out: BaselineComparison) -> str:
+    text = VERDICT_TEXT[out.verdict]
+    rs, bs = (s.shape if s else "no curve" for s in (out.run_shape, out.baseline_shape))
+    if out.verdict == "not_parallel_part":
+        return f"{text} ({out.run_problem}: this run {rs}, the baseline {bs})"
+    where = f", parting at step {out.parted_at_step}" if out.parted_at_step is not None else ""
+    return f"{text} (this run {rs}, the baseline {bs}{where}; aligned by {out.aligned_by})"
+
+
+def _alignment_line(a: _Curve, b: _Curve, by_samples: bool) -> str:
+    def run_text(c: _Curve) -> str:
+        parts = [f"{c.world_size} rank(s)" if c.world_size else "ranks unknown"]
+        parts.append(f"global batch {c.global_batch}" if c.global_batch else "global batch unknown")
+        return ", ".join(parts)
+
+    if by_samples:
+        how = (
+            f"aligned by samples seen (the global batches differ): baseline step s is this run's "
+            f"step s × {b.global_batch}/{a.global_batch}"
+        )
+    elif a.global_batch and b.global_batch:
+        how = "aligned by step (the same global batch)"
+    else:
+        how = "aligned by step (a global batch is unknown, so samples seen cannot be used)"
+    return f"{how}; this run: {run_text(a)}; baseline: {run_text(b)}"
+
+
+def _shape_text(shape: LossShape | None) -> str:
+    return "no loss curve" if shape is None else f"{shape.shape} — {shape.detail}"
+
+
+def _pairs(x: np.ndarray, y: np.ndarray) -> list[list[float]]:
+    xs, ys = downsample(x, y, SERIES_POINTS)
+    return np.column_stack([xs, ys]).tolist() if xs.size else []
+
+
+def _r(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def _num(x: float | None) -> str:
+    return "non-finite" if x is None else f"{x:.4g}"
+
+
+def to_json(cmp: BaselineComparison, include_series: bool = False) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    data = asdict(cmp)
+    data["verdict_text"] = VERDICT_TEXT[cmp.verdict]
+    if not include_series:
+        data.pop("series")
+    return data
