@@ -181,6 +181,17 @@ def _rolling_median(y: np.ndarray, window: int) -> np.ndarray:
     return np.median(np.lib.stride_tricks.sliding_window_view(padded, window), axis=1)
 
 
+def _smooth(z: np.ndarray, window: int) -> np.ndarray:
+    """The rolling median of the finite prefix; +inf from the first non-finite loss on
+    (the run is out of any band from there, and a NaN must not pull the median early)."""
+    bad = ~np.isfinite(z)
+    first = int(np.argmax(bad)) if bad.any() else z.size
+    out = np.full(z.size, np.inf)
+    if first:
+        out[:first] = _rolling_median(z[:first], window)
+    return out
+
+
 def _window(n: int) -> int:
     w = min(51, max(3, n // 10))
     return w + 1 - w % 2
@@ -283,10 +294,7 @@ def _measure(
     first_bad_b = base_x[~finite_b].min() if (~finite_b).any() else np.inf
     zb = np.where(x >= first_bad_b, np.nan, zb)
     za_raw = tr(run_y)
-    za = _rolling_median(np.nan_to_num(za_raw, nan=np.inf), window)
-    if not np.isfinite(za_raw).all():  # from the first non-finite run loss on, the run is out
-        first = int(np.argmax(~np.isfinite(za_raw)))
-        za[first:] = np.inf
+    za = _smooth(za_raw, window)
     diff = za - zb
     moves = np.diff(zb_all)
     sigma = 1.4826 * float(np.median(np.abs(moves))) / math.sqrt(2.0) if moves.size else 0.0
@@ -347,9 +355,7 @@ def _measure(
             rx, rz_raw = steps[keep], tr(values[keep])
             if rx.size < MIN_OVERLAP:
                 continue
-            rz = _rolling_median(np.nan_to_num(rz_raw, nan=np.inf), _window(rx.size))
-            if not np.isfinite(rz_raw).all():
-                rz[int(np.argmax(~np.isfinite(rz_raw))) :] = np.inf
+            rz = _smooth(rz_raw, _window(rx.size))
             rzb = np.interp(rx, x[comparable], zb[comparable]) if comparable.any() else np.full(rx.size, np.nan)
             p = _parting(np.where(np.isfinite(rzb), rz - rzb, 0.0), half_width)
             out.ranks.append(RankParting(rank, int(rx[p[0]]) if p else None, p[1] if p else None, shapes.get(rank, "")))
