@@ -9,7 +9,7 @@ optional `cases.json` in the code's folder adds what a case expects, by case nam
   file of its own (the shared clean run, a public log of the corpus, or a sibling
   rule's fire case as a near miss: `silent_near`);
 - doctor rules: `top` (the code is the first finding), `ranks`, `step`, `baseline`
-  (a baseline run, relative to the code's folder: `diagnose --baseline`);
+  (a baseline run folder, relative to the code's folder: `diagnose --baseline`);
 - preflight checks: `lines` (the lines this code's findings are at), `rank_table`
   (the input is given as `--rank-table`), `environ` (the launch environment),
   `compare` (manifests to compare). A script's expected findings are its
