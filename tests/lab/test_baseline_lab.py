@@ -14,12 +14,10 @@ import pytest
 from syncdoctor.doctor.diagnose import diagnose
 
 pytestmark = pytest.mark.slow
-STEPS = 40
 
 
 def _run(lab, fault: str, world_size: int):
-    result = lab(fault, world_size=world_size, steps=STEPS)
-    return result.out
+    return lab(fault, world_size=world_size).out
 
 
 @pytest.fixture(scope="module")

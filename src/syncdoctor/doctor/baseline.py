@@ -19,11 +19,12 @@ rank. docs/baseline.md explains every choice below; in short:
 * **Parting.** The first compared point from which the difference stays outside
   the band (on ≥ 80 % of the points from there to the end, at least 3 of them,
   starting with this one), on one side.
-* **Verdict.** The shapes first (shape.py on each whole curve): both curves show
-  the same kind of trouble (blow-up, stuck, jumps) → ``not_parallel_part``; only
-  the run does → ``parallel_part``; only the baseline → ``better``. Otherwise the
-  parting decides: run higher → ``parallel_part``, lower → ``better``, none →
-  ``agree``.
+* **Verdict.** The shapes first (shape.py on each whole curve, and SD101's
+  blow-up measure): both curves show the same kind of trouble (blow-up, stuck,
+  jumps) → ``not_parallel_part``; both in trouble of different kinds →
+  ``not_parallel_part`` unless the run parts above the baseline; only the run →
+  ``parallel_part``; only the baseline → ``better``. Otherwise the parting
+  decides: run higher → ``parallel_part``, lower → ``better``, none → ``agree``.
 """
 
 from __future__ import annotations
@@ -159,8 +160,6 @@ def _problem(curve: _Curve) -> tuple[str | None, str]:
     nonfinite = [s.rank for s in curve.rank_shapes if s.shape == "nonfinite"]
     if nonfinite:
         return "blow-up", f"non-finite loss on rank(s) {nonfinite[:8]}"
-    if curve.shape is not None and curve.shape.shape in PROBLEM:
-        return PROBLEM[curve.shape.shape], f"loss shape {curve.shape.shape}"
     y = curve.mean[np.isfinite(curve.mean)]
     if y.size >= 10:
         start, peak = float(np.min(y[:3])), float(np.max(y))
@@ -170,6 +169,8 @@ def _problem(curve: _Curve) -> tuple[str | None, str]:
                 f"the loss blew up from {start:.3g} to {peak:.3g} and stayed at {tail:.3g} (last quarter), "
                 "never back to learning"
             )
+    if curve.shape is not None and curve.shape.shape in PROBLEM:
+        return PROBLEM[curve.shape.shape], f"loss shape {curve.shape.shape}"
     return None, ""
 
 
@@ -374,9 +375,12 @@ def _verdict(out: BaselineComparison, run_problem: str | None, base_problem: str
         if run_problem == base_problem:
             return "not_parallel_part"
         out.evidence.append(
-            f"both curves are in trouble but not the same kind: this run {run_problem}, the baseline "
-            f"{base_problem}; the comparison falls back on the curves' values"
+            f"both curves are in trouble but not the same kind (this run {run_problem}, the baseline "
+            f"{base_problem}): what decides is whether this run is worse than the baseline"
         )
+        if out.direction != "worse":
+            return "not_parallel_part"  # the baseline goes wrong too and this run is no worse
+        return "parallel_part"
     elif run_problem:
         return "parallel_part"
     elif base_problem:
