@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from syncdoctor.probe import boot, core
+from syncdoctor.probe import boot, core, variants
 
 MAX_TRACKED = 16  # loaders / loss modules remembered for the snapshot
 _state: dict[str, Any] = {"installed": False, "pg_timeout_s": None, "backward_calls": 0, "pending_losses": []}
@@ -351,6 +351,8 @@ def install() -> None:
 
     def make_ddp_init(original: Callable[..., Any]) -> Callable[..., Any]:
         def __init__(self: Any, module: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+            if _is_rank():
+                _safe(variants.before_ddp, module)  # `syncdoctor experiment`'s broadcast variant: before DDP's own
             pre = _safe(_local_fp, module) if _is_rank() else None
             original(self, module, *args, **kwargs)
             _safe(_attach_ddp, self, pre)
@@ -376,3 +378,4 @@ def install() -> None:
     _wrap(_Loss, "__init__", _remember(_loss_modules))
     register_optimizer_step_pre_hook(lambda *a: _safe(_before_any_step, *a))
     register_optimizer_step_post_hook(_on_any_step)
+    _safe(variants.install_torch)  # `syncdoctor experiment`: after the hooks above, so its own run after them

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from syncdoctor import settings
-from syncdoctor.probe import precision
+from syncdoctor.probe import precision, variants
 from syncdoctor.probe.check import CrossRankCheck, config_fingerprint, groups_fingerprint
 from syncdoctor.probe.evidence import LAST_LOSSES
 from syncdoctor.probe.fingerprint import ViewCache, combine, fingerprints, ids_fingerprint
@@ -140,6 +140,7 @@ class Probe:
         # attach, or before the first update of a loop without DDP (auto.py binds there).
         # Taken at the first step's end it would already hold the first update, and a
         # hyperparameter differing on one rank would look like an unseeded init.
+        variants.before_watch(self.module)  # `syncdoctor experiment`: rank 0's weights, before they are fingerprinted
         self.layout = self._guard(layout_of, self._params, self.rank)
         init_fps = self._guard(lambda: fingerprints(p for _, p in self._named_params)) or []
         self._init_param_fp = combine(init_fps)
@@ -167,6 +168,7 @@ class Probe:
 
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
         self._handles.append(optimizer.register_step_post_hook(self._after_step_hook))
+        variants.before_snapshot(self, optimizer)  # `syncdoctor experiment`: rank 0's hyperparameters first
         names = [n for n, _ in self._named_params]
         snapshot = build_snapshot(
             rank=self.rank,
