@@ -208,22 +208,25 @@ def _wait_s() -> float:
 
 
 def _agree(topic: str, payload: str) -> list[str] | None:
-    """Every rank's `payload`, at a point every rank reaches (the k-th call for `topic`
-    on each), or None on every rank when not all of them got there in time. Rank 0
-    decides "go" when it has seen every rank; a rank tired of waiting decides "late";
-    the store's compare-and-set keeps whichever came first, so all ranks act alike."""
+    """Every rank's `payload` at a point every rank reaches (the k-th call for `topic`
+    on each), or None, on every rank alike, when not all of them got there in time."""
     where = _rank_world()
     if where is None:
         return None
-    rank, world = where
     n = _state["rounds"].get(topic, 0)
     _state["rounds"][topic] = n + 1
-    store = _store()
-    prefix = f"{topic}/{n}"
+    return agree_on(_store(), f"{topic}/{n}", where[0], where[1], payload, _wait_s())
+
+
+def agree_on(store: Any, prefix: str, rank: int, world: int, payload: str, wait_s: float) -> list[str] | None:
+    """The agreement itself, over a c10d store. Rank 0 decides "go" once it has seen
+    every rank; a rank tired of waiting decides "late"; the store's compare-and-set
+    keeps whichever came first, so every rank acts alike: all meet in what follows
+    (a broadcast), or none does. Non-zero ranks wait AGREE_MARGIN_S longer than rank 0."""
     keys = [f"{prefix}/{r}" for r in range(world)]
     decision = f"{prefix}/decision"
     store.set(keys[rank], payload)
-    deadline = time.monotonic() + _wait_s() + (0.0 if rank == 0 else AGREE_MARGIN_S)
+    deadline = time.monotonic() + wait_s + (0.0 if rank == 0 else AGREE_MARGIN_S)
     watched = keys if rank == 0 else [decision]
     while not store.check(watched) and time.monotonic() < deadline:
         time.sleep(POLL_S)
