@@ -65,6 +65,7 @@ class _Status:
         self.why: list[str] = []
         self.written = False
         self.seed_calls: dict[str, int] = {}
+        self.changed: int | None = None  # values this rank had to change (differs by rank, unlike `what`)
 
     def ok(self, what: str) -> None:
         self.applied = True
@@ -79,13 +80,12 @@ class _Status:
 
     def record(self) -> dict[str, Any]:
         if self.name == "seeds" and self.applied:
-            calls = sum(self.seed_calls.values())
-            detail = ", ".join(f"{api} x{n}" for api, n in sorted(self.seed_calls.items()))
-            self.what.append(
-                f"{calls} seeding call(s) rewritten before the end of step 1" + (f" ({detail})" if detail else "")
-            )
+            self.changed = sum(self.seed_calls.values())
+            self.what.append("every later seeding call rewritten alike (" + ", ".join(sorted(self.seed_calls)) + ")")
         if self.applied:
             out: dict[str, Any] = {"name": self.name, "applied": True, "what": "; ".join(self.what)}
+            if self.changed is not None:
+                out["changed"] = self.changed
             if self.why:  # applied to part of the script: say what was left as it was
                 out["why"] = "; ".join(self.why)
             return out
@@ -332,7 +332,7 @@ def _install_seeds() -> None:
         from syncdoctor.probe import boot
 
         boot.when_imported("numpy", lambda: _safe(_install_numpy_seeds))
-    _status.ok(f"python random, numpy and torch seeded with {SEED} at start")
+    _status.ok(f"random, numpy and torch seeded with {SEED} at start")
 
 
 def _sampler_seed(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -442,8 +442,8 @@ def _broadcast(module: Any, where: str) -> None:
             dist.broadcast(t.detach(), src=0)
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     _status.ok(
-        f"rank 0's {len(params)} parameters and {len(buffers)} floating buffers of {type(module).__name__} "
-        f"({nbytes:,} bytes) broadcast to every rank at {where}"
+        f"rank 0's {len(params)} parameters and {len(buffers)} buffers of {type(module).__name__} "
+        f"({nbytes:,} bytes) broadcast at {where}"
     )
 
 
@@ -460,7 +460,7 @@ def _scalar(value: Any) -> bool:
 def _loss_objects(probe: Any) -> tuple[list[tuple[str, Any]], str]:
     """The loss objects whose attributes are forced, and where they were found."""
     if probe.loss_fn is not None and hasattr(probe.loss_fn, "__dict__"):
-        return [("loss_fn", probe.loss_fn)], f"the loss the probe was given ({type(probe.loss_fn).__name__})"
+        return [("loss_fn", probe.loss_fn)], f"{type(probe.loss_fn).__name__}, given to the probe"
     import torch
 
     main = sys.modules.get("__main__")
@@ -470,9 +470,7 @@ def _loss_objects(probe: Any) -> tuple[list[tuple[str, Any]], str]:
             found.append((name, value))
     if not found:
         return [], "no loss object known (none given to the probe, no parameter-free module in __main__)"
-    return found, "parameter-free modules in __main__'s globals: " + ", ".join(
-        f"{n} ({type(v).__name__})" for n, v in found
-    )
+    return found, "parameter-free modules of __main__: " + ", ".join(f"{n} ({type(v).__name__})" for n, v in found)
 
 
 def _public_scalars(obj: Any) -> dict[str, Any]:
@@ -524,7 +522,7 @@ def _describe_real_loader(probe: Any) -> None:
     if isinstance(probe.loader, dict) and len(replaced) == 1:
         probe.loader = replaced[0]
         assert _status is not None
-        _status.ok("the loader description given to attach replaced by the DataLoader that now runs")
+        _status.ok("the loader dict given to attach replaced by the real loader")
 
 
 def _hparams_start(probe: Any, optimizer: Any) -> None:
@@ -552,12 +550,12 @@ def _hparams_start(probe: Any, optimizer: Any) -> None:
         "published": published,
         "version": 0,
     }
-    keys = sorted({k for g in published["groups"] for k in g})
-    attrs = sorted({f"{n}.{k}" for n, values in published["loss"].items() for k in values})
+    keys = {k for g in published["groups"] for k in g}
+    attrs = sorted({k for values in published["loss"].values() for k in values})
+    _status.changed = changed
     _status.ok(
-        f"rank 0's optimizer hyperparameters ({', '.join(keys) or 'none'}) and loss attributes "
-        f"({', '.join(attrs) or 'none'}; loss from {source}) forced on every rank before every step; "
-        f"{changed} value(s) differed on this rank at the start"
+        f"rank 0's {len(keys)} optimizer settings and loss attributes ({', '.join(attrs) or 'none'}) forced "
+        f"before every step; loss: {source}"
     )
 
 
@@ -626,10 +624,10 @@ def _modes_first(module: Any) -> None:
 
     reapply(module, ())
     module.register_forward_pre_hook(reapply)
+    _status.changed = differed
     _status.ok(
-        f"rank 0's train/eval flags of the {len(modules)} modules of {type(module).__name__} (at its first training "
-        f"forward, {wanted.count('1')} in train mode) re-applied at every grad-enabled forward; "
-        f"{differed} differed on this rank"
+        f"rank 0's train/eval flags of {len(modules)} modules of {type(module).__name__} "
+        f"({wanted.count('1')} in train mode) re-applied at every training forward"
     )
 
 
@@ -697,7 +695,8 @@ def _shard_loader(label: str, arguments: dict[str, Any]) -> bool:
     rank, world = where
     sampler = arguments.get("sampler")
     if sampler is None:
-        shuffle, was = bool(arguments.get("shuffle")), "shuffle=" + str(bool(arguments.get("shuffle")))
+        shuffle = bool(arguments.get("shuffle"))
+        was = f"shuffle={shuffle}"
     elif isinstance(sampler, RandomSampler):
         shuffle, was = True, "RandomSampler"
     elif isinstance(sampler, SequentialSampler):
@@ -712,8 +711,8 @@ def _shard_loader(label: str, arguments: dict[str, Any]) -> bool:
     arguments["shuffle"] = None
     assert isinstance(arguments["sampler"], DistributedSampler)
     _status.ok(
-        f"{label}: sampler {was} replaced by DistributedSampler(num_replicas={world}, rank={rank}, "
-        f"shuffle={shuffle}, seed=0, drop_last=True), its epoch advanced at each pass"
+        f"{label}: {was} replaced by DistributedSampler({world} replicas, shuffle={shuffle}, seed=0, "
+        f"drop_last), epoch advanced per pass"
     )
     return True
 
@@ -766,5 +765,5 @@ def _scale_batch(label: str, arguments: dict[str, Any]) -> bool:
         _status.fail(f"{label}: no batch size to scale (batch_size={batch!r})")
         return False
     arguments["batch_size"] = batch * world
-    _status.ok(f"{label}: batch_size {batch} -> {batch * world}, the global batch of the {world}-rank run")
+    _status.ok(f"{label}: batch_size {batch} -> {batch * world}, the global batch of {world} ranks")
     return True

@@ -195,7 +195,7 @@ EVENT = (
     _f(
         "variant",
         "dict",
-        'only with "event": "variant": name, applied (bool), what (what it changed) or why (why not)',
+        'only with "event": "variant": name, applied (bool), what (what it changed) or why (why not), changed',
         by=(TORCH,),
     ),
 )
