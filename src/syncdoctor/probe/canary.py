@@ -185,9 +185,7 @@ class _forked_rng:  # noqa: N801 - used as a context manager, like torch's
     CPU and of the model's accelerators restored afterwards."""
 
     def __init__(self, module: torch.nn.Module) -> None:
-        self.cuda = sorted(
-            {p.device.index or 0 for p in _tensors(module) if p.device.type == "cuda"}
-        )
+        self.cuda = sorted({p.device.index or 0 for p in _tensors(module) if p.device.type == "cuda"})
         self._fork: Any = None
 
     def __enter__(self) -> None:
