@@ -68,6 +68,8 @@ class CanaryDivergence(Rule):
         mode_split = len(set(modes.values())) > 1
         if mode_split:
             verdict = "train/eval modes differ (same input, different output)"
+            trained = {r: _modules_in_train(m) for r, m in modes.items()}
+            odd = sorted(r for r, n in trained.items() if n < max(trained.values())) or odd  # training runs in train mode
         elif index == 0:
             verdict = "parameters or modes differ (same input, different output at the first layer)"
         else:
@@ -147,6 +149,14 @@ def _first_parting(by_rank: dict[int, dict[str, Any]]) -> tuple[int, str, list[i
         if not split.agree:
             return index, layer, split.odd
     return None
+
+
+def _modules_in_train(mode: Any) -> int:
+    """The n of an `n/m` or `n/m:bitmap` train_mode value."""
+    try:
+        return int(str(mode).split("/")[0])
+    except ValueError:
+        return 0
 
 
 def _fmt(values: list[float | None] | None, index: int) -> str:
