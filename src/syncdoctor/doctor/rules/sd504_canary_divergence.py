@@ -69,7 +69,9 @@ class CanaryDivergence(Rule):
         if mode_split:
             verdict = "train/eval modes differ (same input, different output)"
             trained = {r: _modules_in_train(m) for r, m in modes.items()}
-            odd = sorted(r for r, n in trained.items() if n < max(trained.values())) or odd  # training runs in train mode
+            odd = (
+                sorted(r for r, n in trained.items() if n < max(trained.values())) or odd
+            )  # training runs in train mode
         elif index == 0:
             verdict = "parameters or modes differ (same input, different output at the first layer)"
         else:
