@@ -83,6 +83,16 @@ def test_same_state_same_fingerprints_and_a_mode_difference_parts_at_the_batchno
     assert runs[0]["layers"][first_differing] == "bn"
 
 
+def test_an_input_the_canary_cannot_rebuild_makes_no_canary() -> None:
+    class Batch:  # a framework's batch object: it may hold this rank's real data
+        def __init__(self, x: torch.Tensor) -> None:
+            self.x = x
+
+    canary = Canary(nn.Linear(2, 2))
+    canary.build((Batch(torch.ones(3, 2)),), {})
+    assert not canary.ready and canary.error and "Batch" in canary.error
+
+
 def test_a_canary_that_cannot_run_is_switched_off_with_one_event_and_training_goes_on(tmp_path: Path) -> None:
     class NeedsBigBatch(nn.Module):
         def __init__(self) -> None:

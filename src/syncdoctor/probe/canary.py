@@ -22,6 +22,7 @@ records why once.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +36,7 @@ CANARY_SEED = 20261130  # the canary input's values and the forward's dropout ma
 MAX_LAYERS = 256  # module outputs recorded per canary forward, in execution order
 MAX_BUFFER_BYTES = 64 << 20  # buffers copied to be restored: beyond this, no canary
 _SIG_CHARS = 200
+_PLAIN = (bool, int, float, str, bytes, torch.dtype, torch.device, enum.Enum)
 
 
 class CanaryUnavailable(Exception):
@@ -71,9 +73,15 @@ def _replace(value: Any, generator: torch.Generator, sig: list[str], name: str =
         return made.to(value.device)
     if isinstance(value, dict):
         return type(value)({k: _replace(v, generator, sig, f"{k}=") for k, v in value.items()})
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_replace(v, generator, sig, name) for v in value))
+    if isinstance(value, (list, tuple)):
         return type(value)(_replace(v, generator, sig, name) for v in value)
-    return value  # a flag, a string, None: as the real call passed it
+    if value is None or isinstance(value, _PLAIN):
+        return value  # a flag, a size, a string: as the real call passed it
+    # Anything else may carry this rank's real batch inside (a dataclass, a numpy
+    # array, a framework's batch object): the canary would not be the same on every rank.
+    raise CanaryUnavailable(f"the model's input holds a {type(value).__name__}, which the canary cannot rebuild")
 
 
 def first_tensor(output: Any) -> torch.Tensor | None:
