@@ -24,6 +24,13 @@ from syncdoctor.probe.canary import Canary  # noqa: E402
 DETAIL_EVERY = core.DEFAULT_CHECK_EVERY * -(-core.DETAIL_EVERY // core.DEFAULT_CHECK_EVERY)
 
 
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
 def main() -> None:
     torch.set_num_threads(1)
     cases = (
@@ -34,17 +41,11 @@ def main() -> None:
         y = torch.randint(0, 10, (x.shape[0],))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
-        def step() -> None:
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-
         for _ in range(3):
-            step()
+            train_step(model, optimizer, x, y)
         t0 = time.thread_time()
         for _ in range(n):
-            step()
+            train_step(model, optimizer, x, y)
         step_s = (time.thread_time() - t0) / n
         canary = Canary(model)
         canary.build((x,), {})
