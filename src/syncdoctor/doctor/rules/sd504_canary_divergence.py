@@ -80,8 +80,11 @@ class CanaryDivergence(Rule):
         evidence = [
             f"step {step}: the canary batch ({first['sig']}) parts first at layer {layer!r} "
             f"(#{index + 1} of {len(first['layers'])} in execution order): {verdict}",
-            "canary output mean at that layer: "
-            + ", ".join(f"rank {r} {_fmt(row['canary']['mean'], index)}" for r, row in sorted(by_rank.items())[:8]),
+            "canary output mean/std at that layer: "
+            + ", ".join(
+                f"rank {r} {_fmt(row['canary']['mean'], index)}/{_fmt(row['canary']['std'], index)}"
+                for r, row in sorted(by_rank.items())[:8]
+            ),
         ]
         if mode_split:
             evidence.append("modules in train mode: " + ", ".join(f"rank {r} {m}" for r, m in sorted(modes.items())))
