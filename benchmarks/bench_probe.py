@@ -125,7 +125,9 @@ def worker(args: argparse.Namespace) -> None:
     optimizer = torch.optim.SGD(base.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     run_dir = Path(args.tmp)
-    every = {"default": None, "every": 1}
+    # "default_no_canary": the default with the canary forward off (probe/canary.py), in the
+    # own-CPU and memory passes only: the canary's cost is the difference.
+    every = {"default": None, "every": 1, "default_no_canary": None}
     probe: Any = None
 
     def step() -> None:
@@ -140,7 +142,14 @@ def worker(args: argparse.Namespace) -> None:
     def attach(name: str, segment: int) -> Any:
         if name not in every:
             return None
-        return core.Probe(model, optimizer, run_dir / f"{name}{segment}", check_every=every[name], check_timeout_s=60)
+        return core.Probe(
+            model,
+            optimizer,
+            run_dir / f"{name}{segment}",
+            check_every=every[name],
+            check_timeout_s=60,
+            canary=name != "default_no_canary",
+        )
 
     for _ in range(args.warmup):  # the allocator, DDP's first iterations
         step()
@@ -177,20 +186,27 @@ def worker(args: argparse.Namespace) -> None:
     originals = {entry: getattr(core.Probe, entry) for entry in entries}
     for entry, fn in originals.items():
         setattr(core.Probe, entry, _timed(fn, spent))
+    canary_spent = [0.0, 0]  # the canary forward alone (inside the step hook, so also in `spent`)
+    run_canary = core.Probe._run_canary
+    core.Probe._run_canary = _timed(run_canary, canary_spent)  # type: ignore[method-assign]
+    canary_ms = None
     for name in every:
         segment += 1
         probe = attach(name, segment)
         for _ in range(2):
             step()
-        spent[:], wrapper[:] = [0.0, 0], [0.0, 0]
+        spent[:], wrapper[:], canary_spent[:] = [0.0, 0], [0.0, 0], [0.0, 0]
         n = max(args.steps, 2 * probe.detail_every)
         for _ in range(n):
             step()
             noop()
         own_us[name] = (spent[0] - spent[1] * wrapper[0] / wrapper[1]) / n * 1e6
+        if name == "default" and canary_spent[1]:
+            canary_ms = {"per_call": canary_spent[0] / canary_spent[1] * 1e3, "calls": canary_spent[1], "steps": n}
         probe.close()
     for entry, fn in originals.items():
         setattr(core.Probe, entry, fn)
+    core.Probe._run_canary = run_canary  # type: ignore[method-assign]
     # Memory in a separate, untimed pass: reading /proc around every probe call costs
     # more than the probe's own per-step work.
     for name in every:
@@ -223,6 +239,7 @@ def worker(args: argparse.Namespace) -> None:
             "peak_measured": peak.works,
             "mismatches": mismatches,
             "own_us": own_us,
+            "canary_ms": canary_ms,
         }
         Path(args.result).write_text(json.dumps(result))
     dist.destroy_process_group()
@@ -322,6 +339,7 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     out["own_us"] = res["own_us"]
     out["own_pct"] = {name: 100 * us / (out["step_ms_off"] * 1000) for name, us in res["own_us"].items()}
     out["default_k"] = res["default_k"]
+    out["canary_ms"] = res.get("canary_ms")
     return out
 
 
@@ -386,6 +404,14 @@ def main() -> None:
             f"{name} {summary['own_us'][name]:.0f} us ({summary['own_pct'][name]:.2f}%)" for name in summary["own_us"]
         )
         print(f"  the probe's own CPU time per step on the training thread: {own}")
+        canary = summary["canary_ms"]
+        if canary:
+            amortised = canary["per_call"] * canary["calls"] / canary["steps"] * 1e3
+            print(
+                f"  the canary forward: {canary['per_call']:.2f} ms per detailed check "
+                f"({canary['calls']} in {canary['steps']} steps at the default K), {amortised:.1f} us per step "
+                f"amortised ({100 * amortised / (summary['step_ms_off'] * 1000):.3f}% of the un-probed step)"
+            )
         mem = summary["peak_extra_pct_of_params"]
         print(
             f"  extra peak memory around probe calls: {mem:.2f}% of parameter bytes "

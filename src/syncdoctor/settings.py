@@ -16,6 +16,8 @@ ON_MISMATCH_ENV = "SYNCDOCTOR_ON_MISMATCH"
 DISABLE_ENV = "SYNCDOCTOR_DISABLE"
 CHECK_TIMEOUT_ENV = "SYNCDOCTOR_CHECK_TIMEOUT"
 HEAL_WAIT_ENV = "SYNCDOCTOR_HEAL_WAIT_S"
+# "0": no canary forward at detailed checks (probe/canary.py); on by default.
+CANARY_ENV = "SYNCDOCTOR_CANARY"
 # "1": the record writer checks every record against records/contract.py and writes
 # what breaks it to RUN_DIR/records/rank{R}.violations (the contract test sets it).
 VALIDATE_RECORDS_ENV = "SYNCDOCTOR_VALIDATE_RECORDS"

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from syncdoctor import settings
 from syncdoctor.probe import precision, variants
+from syncdoctor.probe.canary import Canary, CanaryUnavailable
 from syncdoctor.probe.check import CrossRankCheck, config_fingerprint, groups_fingerprint
 from syncdoctor.probe.evidence import LAST_LOSSES
 from syncdoctor.probe.fingerprint import ViewCache, combine, fingerprints, ids_fingerprint
@@ -79,6 +80,7 @@ class Probe:
         init_param_fp_local: int | None = None,
         auto: bool = False,
         baseline: dict[str, Any] | None = None,
+        canary: bool | None = None,
     ) -> None:
         on_mismatch = settings.on_mismatch_from_env(on_mismatch)
         self.run_dir = Path(run_dir or os.environ.get(settings.RUN_DIR_ENV) or DEFAULT_RUN_DIR)
@@ -142,6 +144,9 @@ class Probe:
         # hyperparameter differing on one rank would look like an unseeded init.
         variants.before_watch(self.module)  # `syncdoctor experiment`: rank 0's weights, before they are fingerprinted
         self.layout = self._guard(layout_of, self._params, self.rank)
+        if canary is None:
+            canary = os.environ.get(settings.CANARY_ENV, "1") != "0"
+        self._canary = Canary(self.module) if canary else None  # at detailed checks
         init_fps = self._guard(lambda: fingerprints(p for _, p in self._named_params)) or []
         self._init_param_fp = combine(init_fps)
         self._init_class_fps = self._per_class(init_fps)
@@ -339,7 +344,7 @@ class Probe:
 
     def _on_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         # Inside DDP's forward, after it broadcast rank 0's buffers: the moment buffers must match.
-        if not self.disabled:
+        if not self.disabled and not (self._canary is not None and self._canary.running):
             self._guard(self._measure_forward_start, module, args, kwargs)
 
     def _measure_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -357,10 +362,14 @@ class Probe:
             if x is not None:
                 self._input_fps.append(ids_fingerprint(x))
                 self._input_samples += int(x.shape[0]) if x.dim() else 1
+        if self._canary is not None and self._measuring and torch.is_grad_enabled():
+            self._canary.build(args, kwargs)  # once: the first training forward's structure
 
     def _activation_hook(self, name: str) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
             every = self.activations_every or 0
+            if self._canary is not None and self._canary.running:
+                return
             if every and (self.step + 1) % every == 0 and isinstance(output, torch.Tensor):
                 o = output.detach().float()
                 self._acts.append(
@@ -460,6 +469,8 @@ class Probe:
             if self.checker is not None and self.checker.healer is not None:
                 self.checker.heal_due(step)  # on_mismatch="heal": before the fingerprints, which then see it
             record.update(self._measurements())
+            if self._detailed and self._canary is not None:
+                self._run_canary(record)
         self.writer.append(record)
         check_now = measured and self.checker is not None
         if check_now:
@@ -478,6 +489,24 @@ class Probe:
         if check_now and self.checker is not None and self.checker.pending_error is not None:
             error, self.checker.pending_error = self.checker.pending_error, None
             raise error
+
+    def _run_canary(self, record: dict[str, Any]) -> None:
+        """The canary forward (probe/canary.py) into `record`; off for the run, with one
+        event saying why, when it cannot run here."""
+        try:
+            if self.layout is not None and self.layout.sharded:
+                raise CanaryUnavailable("sharded parameters (FSDP/TP): their forward needs collectives")
+            record["canary"] = self._canary.run()  # type: ignore[union-attr]
+        except Exception as exc:
+            self._canary = None
+            self.writer.write(
+                contract.KIND_EVENT,
+                rank=self.rank,
+                t=time.time(),
+                step=record["step"],
+                event="canary_off",
+                message=f"canary forward off for this run: {type(exc).__name__}: {exc}",
+            )
 
     def _next_is_measured(self) -> None:
         self._measuring = True

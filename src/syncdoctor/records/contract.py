@@ -168,6 +168,17 @@ STEP = (
         by=(TORCH,),
     ),
     _f(
+        "canary",
+        "struct",
+        "detailed steps: one fixed batch, identical on every rank, through the model; per module output",
+        _f("sig", "str", "shapes and dtypes of the canary input (compare ranks with the same sig)"),
+        _f("layers", "list[str]", "module names in execution order (a module's output ends its call)"),
+        _f("fps", "list[int]", "exact fingerprint of each module's output"),
+        _f("mean", "list[float]", "mean of each module's output"),
+        _f("std", "list[float]", "standard deviation of each module's output"),
+        by=(TORCH,),
+    ),
+    _f(
         "nonfinite",
         "struct",
         'the float fields written as null because they were NaN/inf ({"loss": "nan"})',
