@@ -56,25 +56,26 @@ images = torch.tensor(digit_images / 16.0, dtype=torch.float32).unsqueeze(1)  # 
 labels = torch.tensor(digit_labels, dtype=torch.long)
 split = np.random.default_rng(12345).permutation(len(labels))
 test_ids, train_ids = split[:360], split[360:]
+train_positions = np.arange(len(train_ids))  # what the sampler shards: places in train_ids
 
 
 def shard_for_epoch(epoch: int) -> np.ndarray:
-    """The sample ids this rank reads in `epoch`, in order."""
+    """The training-set positions this rank reads in `epoch`, in order."""
     shard_id = rank if plan.shard_id is None else plan.shard_id
     seed = None if plan.shuffle_seed is None else plan.shuffle_seed + epoch
     rng = np.random.default_rng(seed)  # seed None: fresh OS entropy, different on every rank
     if plan.shard == "none":
-        return rng.permutation(train_ids)
+        return rng.permutation(train_positions)
     if plan.shard == "hash":
         # File-style sharding: the set comes in files of uneven size, file k goes to rank k % N.
-        bounds = np.sort(np.random.default_rng(7).choice(len(train_ids), 11, replace=False))
-        files = np.split(train_ids, bounds)
+        bounds = np.sort(np.random.default_rng(7).choice(len(train_positions), 11, replace=False))
+        files = np.split(train_positions, bounds)
         mine = np.concatenate([f for k, f in enumerate(files) if k % world_size == shard_id])
         return rng.permutation(mine)
     if plan.shuffle_before_shard:
-        return rng.permutation(train_ids)[shard_id::world_size]
-    per_rank = len(train_ids) // world_size
-    return rng.permutation(train_ids[shard_id * per_rank : (shard_id + 1) * per_rank])
+        return rng.permutation(train_positions)[shard_id::world_size]
+    per_rank = len(train_positions) // world_size
+    return rng.permutation(train_positions[shard_id * per_rank : (shard_id + 1) * per_rank])
 
 
 class ShardSampler(torch.utils.data.Sampler[int]):
@@ -94,8 +95,9 @@ class ShardSampler(torch.utils.data.Sampler[int]):
         return iter(shard_for_epoch(self.epoch).tolist())
 
 
-# Each item is (image, label, sample id): the id lets the probe fingerprint the batch.
-train_set = torch.utils.data.TensorDataset(images, labels, torch.arange(len(labels)))
+# The training split only (a loader that replaces the sampler must not reach the held-out
+# ids); each item is (image, label, sample id): the id lets the probe fingerprint the batch.
+train_set = torch.utils.data.TensorDataset(images[train_ids], labels[train_ids], torch.as_tensor(train_ids))
 # Its own generator: iterating a loader draws a seed from it, and the global one drives dropout.
 loader = torch.utils.data.DataLoader(
     train_set,
