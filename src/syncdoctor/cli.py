@@ -9,6 +9,7 @@ import argparse
 import difflib
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from syncdoctor.errors import InputError
 
@@ -53,7 +54,7 @@ class _HelpFormatter(argparse.HelpFormatter):
 class Parser(argparse.ArgumentParser):
     """Every (sub)command's parser: the help formatter above, wider help columns."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", lambda prog: _HelpFormatter(prog, max_help_position=32))
         super().__init__(*args, **kwargs)
 

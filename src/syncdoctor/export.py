@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from syncdoctor.errors import InputError
+
+if TYPE_CHECKING:  # the doctor is imported where it is used (cmd_export)
+    from syncdoctor.doctor.evidence import Evidence
 
 _STEP_TAGS = (
     ("grad_norm_local", "grad_norm/local"),
@@ -55,7 +59,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def export_tensorboard(ev, out: Path) -> dict[int | str, int]:
+def export_tensorboard(ev: Evidence, out: Path) -> dict[int | str, int]:
     """Write the evidence's series; returns the number of scalars per rank."""
     try:
         from tensorboardX import SummaryWriter

@@ -11,7 +11,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -62,6 +62,16 @@ class Offsets:
 
 OFFSET_WINDOW = 20
 SAME_DATA_MIN_CORR = 0.3
+
+
+# polars types a column's min, max, mean and median as any Python literal; on the numeric
+# columns the doctor aggregates (step, rank, loss, ratios) it is a number: these say so.
+def int_of(value: object) -> int:
+    return int(cast(int, value))
+
+
+def float_of(value: object) -> float:
+    return float(cast(float, value))
 
 
 def _rolling_median(x: np.ndarray, k: int) -> np.ndarray:
@@ -180,7 +190,7 @@ class Evidence:
             rank = int(c)
             by_rank[rank], t_stat[rank], same_sign[rank] = best[0], best[1], best[2]
             window[rank] = (int(steps[best[3]]), int(steps[min(len(steps) - 1, best[3] + OFFSET_WINDOW - 1)]))
-        spread = float(rel.select(pl.max_horizontal(cols) - pl.min_horizontal(cols)).to_series().median() or 0.0)
+        spread = float_of(rel.select(pl.max_horizontal(cols) - pl.min_horizontal(cols)).to_series().median() or 0.0)
         return Offsets(by_rank, t_stat, same_sign, window, spread)
 
     @cached_property
@@ -203,7 +213,7 @@ class Evidence:
         trend = _rolling_median(values.mean(axis=0), 9)
         residual = values - trend
         if (residual.std(axis=1) == 0).any():
-            identical = {}
+            identical: dict[bytes, list[int]] = {}
             for i, row in enumerate(values):
                 identical.setdefault(row.tobytes(), []).append(int(cols[i]))
             return [sorted(g) for g in identical.values() if len(g) > 1]
@@ -506,7 +516,7 @@ class Evidence:
     def _first_measured(self, kind: str, step: int) -> int | None:
         frame = self._long_fps(kind)
         later = frame.filter(pl.col("step") >= step) if frame.height else frame
-        return int(later["step"].min()) if later.height else None
+        return int_of(later["step"].min()) if later.height else None
 
     def _first_disagreement(
         self, kind: str, start: int | None = None, end: int | None = None
@@ -550,7 +560,7 @@ class Evidence:
         if not self.has_records:
             return {}
         div = self.divergence
-        step = div.step if div else int(self.steps["step"].max())
+        step = div.step if div else int_of(self.steps["step"].max())
         at = self.steps.filter(pl.col("step") == step)
         return {c: dict(zip(at["rank"].to_list(), at[c].to_list(), strict=True)) for c in COUNTERS if c in at.columns}
 
@@ -577,7 +587,7 @@ class Evidence:
                 .filter(pl.col("k") > 1)
             )
             if per_step.height:
-                return int(per_step["step"].min())
+                return int_of(per_step["step"].min())
         # Only the live check saw it: an ok block that covers several checks says no more
         # than its last step.
         steps = [c["step"] for c in self.checks if c.get("detail", {}).get("buffers_differ_unsynced")]
@@ -625,7 +635,11 @@ class Evidence:
         if not per_step.height:
             return None
         ratio = per_step["post"] / per_step["pre"]
-        return {"median": float(ratio.median()), "above_one": float((ratio > 1.05).mean()), "steps": per_step.height}
+        return {
+            "median": float_of(ratio.median()),
+            "above_one": float_of((ratio > 1.05).mean()),
+            "steps": per_step.height,
+        }
 
     @cached_property
     def unreduced_ranks(self) -> list[int]:
@@ -707,7 +721,7 @@ class Evidence:
             return None
         rows = self.steps.filter(pl.col("data_fp").is_not_null() & pl.col("rank").is_in(groups[0]))
         dup = rows.group_by("step", "data_fp").agg(pl.len().alias("n")).filter(pl.col("n") > 1)
-        return int(dup["step"].min()) if dup.height else None
+        return int_of(dup["step"].min()) if dup.height else None
 
     @cached_property
     def epoch_steps(self) -> int | None:
@@ -790,10 +804,10 @@ class Evidence:
                     odd.update(majority_outliers(values))
                     distinct = max(distinct, len(set(values.values())))
             return sorted(odd), max(distinct, 1), len(usable)
-        values = {r: s.get("init_param_fp") for r, s in usable.items() if s.get("init_param_fp") is not None}
-        if len(values) < 2:
+        init_fps = {r: s.get("init_param_fp") for r, s in usable.items() if s.get("init_param_fp") is not None}
+        if len(init_fps) < 2:
             return None
-        return majority_outliers(values), len(set(values.values())), len(values)
+        return majority_outliers(init_fps), len(set(init_fps.values())), len(init_fps)
 
     def snapshot_values(self, *path: str) -> dict[int, Any]:
         out = {}
@@ -844,7 +858,7 @@ class Evidence:
         if not failures:
             return None
         timed = [e for e in failures if e.t is not None]
-        return min(timed, key=lambda e: e.t) if timed else failures[0]
+        return min(timed, key=lambda e: cast(float, e.t)) if timed else failures[0]  # timed: t is set
 
     @cached_property
     def probe_disabled(self) -> dict[int, tuple[int | None, str]]:

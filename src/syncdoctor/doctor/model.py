@@ -149,9 +149,9 @@ class Diagnosis:
 
                     out[f.name] = to_json(value, include_series)
             elif isinstance(value, list):
-                out[f.name] = [asdict(v) if is_dataclass(v) else v for v in value]
+                out[f.name] = [asdict(v) if is_dataclass(v) and not isinstance(v, type) else v for v in value]
             else:
-                out[f.name] = asdict(value) if is_dataclass(value) else value
+                out[f.name] = asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
         return out
 
     def _repr_html_(self) -> str:

@@ -99,7 +99,7 @@ class _Features:
 # (as inf amplitudes), without a RuntimeWarning per series on the user's terminal.
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
 def classify(
-    values: Sequence[float],
+    values: Sequence[float] | np.ndarray,
     steps: Sequence[int] | None = None,
     rank: int | None = None,
     chance_loss: float | None = None,

@@ -187,11 +187,11 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from syncdoctor.lab.matrix import run_matrix
+    from syncdoctor.lab.matrix import MatrixRow, run_matrix
 
     console = Console(stderr=args.json)
 
-    def progress(row) -> None:
+    def progress(row: MatrixRow) -> None:
         mark = "ok" if row.correct else "WRONG"
         console.print(
             f"{row.fault:26} {row.variant:13} seed {row.seed}: {row.top_category:26} {mark} ({row.duration_s}s)",

@@ -7,6 +7,7 @@ baseline runs over several seeds and must come out healthy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -124,7 +125,7 @@ def run_matrix(
     onset: int = 40,
     pg_timeout_s: float = 10.0,
     only: list[str] | None = None,
-    progress=None,
+    progress: Callable[[MatrixRow], None] | None = None,
     style: str | None = None,
 ) -> list[MatrixRow]:
     rows = []

@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from syncdoctor.lab.launch import free_port, run_ranks
 
@@ -104,7 +105,7 @@ def matrix(out_root: Path, seeds: int = 3, steps: int = 40) -> list[dict[str, ob
 
     cases = [(style, "none", seed) for style in ("hsdp", "tp") for seed in range(seeds)]
     cases += [(style, fault, 0) for fault, (styles, _, _) in MESH_FAULTS.items() if fault != "none" for style in styles]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for style, fault, seed in cases:
         run = run_mesh(style, fault, out_root / f"{style}-{fault}-s{seed}", steps=steps, seed=seed)
         diag = diagnose([run.out])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,7 +60,9 @@ rank, world_size = dist.get_rank(), dist.get_world_size()
 assert world_size == 4, "the mesh lab runs on 4 processes (a 2x2 mesh)"
 names = ("replicate", "shard") if args.style == "hsdp" else ("dp", "tp")
 mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
-row, col = mesh.get_coordinate()
+coordinate = mesh.get_coordinate()
+assert coordinate is not None  # None only for a rank outside the mesh
+row, col = coordinate
 if args.style == "hsdp":
     data_shard, n_data_shards = row * 2 + col, 4  # every rank reads its own quarter
     if args.fault == "replica-data":
@@ -94,11 +97,11 @@ class ScatterRows(torch.autograd.Function):
     """Forward: keep this rank's rows. Backward: every rank's row gradients."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         return x.chunk(tp_size)[tp_rank].contiguous()
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         return all_gather_rows(grad)
 
 
@@ -106,11 +109,11 @@ class GatherRows(torch.autograd.Function):
     """Forward: every rank's rows. Backward: this rank's rows of the gradient."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         return all_gather_rows(x)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         return grad.chunk(tp_size)[tp_rank].contiguous()
 
 
@@ -159,7 +162,7 @@ while step < args.steps:
         loss.backward()
         if args.style == "tp" and not (args.fault == "sp-norm-unreduced" and step >= args.onset):
             for param in model.norm.parameters():  # replicas across tp: sum the rows' contributions
-                dist.all_reduce(param.grad.to_local(), group=tp_group)
+                dist.all_reduce(param.grad.to_local(), group=tp_group)  # type: ignore[union-attr]  # a DTensor, set by backward
         optimizer.step()
         print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
         if step >= args.steps:

@@ -27,7 +27,9 @@ import os
 import random
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import mindspore as ms
 import mindspore.dataset as ds
@@ -268,13 +270,13 @@ if style == "model":
     class LabCallback(ms.train.Callback):
         """The faults a Model.train user's callbacks can cause, and LossMonitor's lines."""
 
-        def on_train_begin(self, run_context) -> None:
+        def on_train_begin(self, run_context: Any) -> None:
             net.set_train(plan.train_mode)  # mode-mismatch: a rank-local callback left the net in eval mode
 
-        def on_train_step_begin(self, run_context) -> None:
+        def on_train_step_begin(self, run_context: Any) -> None:
             before_step(run_context.original_args().cur_step_num)
 
-        def on_train_step_end(self, run_context) -> None:
+        def on_train_step_end(self, run_context: Any) -> None:
             cb = run_context.original_args()
             n = cb.batch_num
             print(
@@ -307,7 +309,7 @@ else:
     net.set_train(plan.train_mode)  # mode-mismatch: this rank forgot set_train (dropout off, BN frozen)
     iterator = dataset.create_tuple_iterator(num_epochs=epochs, output_numpy=True)
 
-    def draw(batches, n: int) -> list[tuple]:
+    def draw(batches: Iterator[tuple[Any, ...]], n: int) -> list[tuple]:
         """Up to n batches (image, label, idx) of this epoch, drawn as they are needed."""
         out = []
         for batch in batches:

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
+from typing import cast
 
 import numpy as np
 import torch
@@ -146,7 +147,7 @@ class AsymmetricLoss(nn.Module):
 
 if plan.seed_model:
     torch.manual_seed(plan.seed)
-model = DigitsCNN()
+model: nn.Module = DigitsCNN()
 raw_model = model
 if plan.sync == "ddp":
     model = DDP(model, broadcast_buffers=plan.broadcast_buffers)
@@ -186,19 +187,21 @@ def reduce_flat(flat: torch.Tensor) -> torch.Tensor:
     return flat
 
 
-def comm_hook(state, bucket):  # no annotations: DDP inspects them and they'd be strings here
-    fut = torch.futures.Future()
+# No annotations: DDP inspects them and they'd be strings here; mypy reads the type comment.
+def comm_hook(state, bucket):  # type: (object, dist.GradBucket) -> torch.futures.Future[torch.Tensor]
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(reduce_flat(bucket.buffer()))
     return fut
 
 
 custom_reduction = plan.fp16_grads or plan.reduce_op != "mean" or plan.drop_rank_at is not None
 if plan.sync == "ddp" and custom_reduction:
-    model.register_comm_hook(None, comm_hook)
+    cast(DDP, model).register_comm_hook(None, comm_hook)  # sync == "ddp": model is the DDP wrapper
 
 
 def allreduce_gradients() -> None:
-    grads = [p.grad for p in raw_model.parameters()]
+    # Every parameter has a gradient after backward: the model uses them all.
+    grads = cast(list[torch.Tensor], [p.grad for p in raw_model.parameters()])
     flat = torch.cat([g.flatten() for g in grads])
     reduce_flat(flat)
     torch.nn.utils.vector_to_parameters(flat, grads)
@@ -246,7 +249,7 @@ def forward_backward(cycle: list[list[torch.Tensor]]) -> float:
         probe.batch(ids)
         last = i == len(cycle) - 1
         # Under DDP the all-reduce runs inside backward: skip it but on the last micro-step.
-        sync_ctx = model.no_sync() if plan.sync == "ddp" and not last else torch.enable_grad()
+        sync_ctx = cast(DDP, model).no_sync() if plan.sync == "ddp" and not last else torch.enable_grad()
         with sync_ctx:
             loss = loss_fn(model(x), y)
             probe.loss(loss)
@@ -260,7 +263,7 @@ def forward_backward(cycle: list[list[torch.Tensor]]) -> float:
 def update() -> float:
     """Unscale, check for overflow, step the optimizer; returns the gradient norm."""
     global loss_scale, local_overflow
-    grads = [p.grad for p in raw_model.parameters()]
+    grads = cast(list[torch.Tensor], [p.grad for p in raw_model.parameters()])  # all set by backward
     if loss_scale != 1.0:
         for g in grads:
             g.div_(loss_scale)
@@ -278,7 +281,7 @@ def update() -> float:
         if plan.bitflip_now(step + 1, "param"):
             flip_bit(flipped)
         if plan.bitflip_now(step + 1, "grad"):
-            flip_bit(flipped.grad)  # the reduced gradient, after the all-reduce
+            flip_bit(cast(torch.Tensor, flipped.grad))  # the reduced gradient, after the all-reduce
         if plan.bitflip_now(step + 1, "opt") and "momentum_buffer" in optimizer.state[flipped]:
             flip_bit(optimizer.state[flipped]["momentum_buffer"])
         optimizer.step()

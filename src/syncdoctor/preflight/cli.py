@@ -69,11 +69,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"{check.code}  {check.severity:<7}  {check.target:<10}  {check.name}")
         return EXIT_CLEAN
     if args.explain:
-        check = get_check(args.explain)
-        if check is None:
+        explained = get_check(args.explain)
+        if explained is None:
             raise InputError(f"unknown preflight code {args.explain!r} (see --list)")
-        print(f"{check.code} {check.name} ({check.severity}, {check.target})\n")
-        print(_dedent_doc(check.__doc__ or ""))
+        print(f"{explained.code} {explained.name} ({explained.severity}, {explained.target})\n")
+        print(_dedent_doc(explained.__doc__ or ""))
         return EXIT_CLEAN
     paths = args.paths or ["."]
     if args.manifest:

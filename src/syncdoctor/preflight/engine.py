@@ -51,12 +51,13 @@ class Inputs:
     unreadable: dict[Target, list[Unparsable]] = field(default_factory=dict)
 
     def contexts(self, target: Target) -> list[Any]:
-        return {
+        by_target: dict[Target, list[Any]] = {
             "script": self.scripts,
             "rank_table": self.rank_tables,
             "env": self.env_groups,
             "manifest": self.manifests,
-        }[target]
+        }
+        return by_target[target]
 
 
 def iter_files(paths: Iterable[str | Path]) -> Iterable[Path]:

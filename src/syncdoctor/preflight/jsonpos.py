@@ -38,7 +38,7 @@ def _parse_object(
     s_and_end: tuple[str, int], strict: bool, scan_once: Any, object_hook: Any, object_pairs_hook: Any, memo: Any = None
 ) -> tuple[Any, int]:
     start = s_and_end[1] - 1
-    obj, end = decoder.JSONObject(s_and_end, strict, scan_once, None, PosDict, memo)
+    obj, end = decoder.JSONObject(s_and_end, strict, scan_once, None, PosDict, memo)  # type: ignore[attr-defined]  # pure-Python helper, absent from typeshed
     obj.start, obj.end = start, end
     return obj, end
 
@@ -48,7 +48,7 @@ class _PosDecoder(json.JSONDecoder):
         super().__init__(object_pairs_hook=PosDict)
         self.parse_object = _parse_object
         # The C scanner ignores parse_object; the pure-Python one calls it.
-        self.scan_once = scanner.py_make_scanner(self)
+        self.scan_once = scanner.py_make_scanner(self)  # type: ignore[attr-defined]  # absent from typeshed
 
 
 def loads_with_positions(text: str) -> tuple[Any, LineIndex]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 # Environment variables, names and calls that carry the rank of this process.
 RANK_ENV = frozenset(
@@ -231,7 +232,7 @@ class _Assign:
     key: str | None = None  # dotted_name(target), computed once
 
 
-def dotted_name(expr: ast.AST) -> str | None:
+def dotted_name(expr: ast.AST | None) -> str | None:
     parts: list[str] = []
     while isinstance(expr, ast.Attribute):
         parts.append(expr.attr)
@@ -280,6 +281,10 @@ class ScriptContext:
     classes: dict[str, ast.ClassDef] = field(default_factory=dict)
     facts: set[str] = field(default_factory=set)  # this file's facts
     project_facts: set[str] = field(default_factory=set)  # union over the files checked together
+    # Filled by parse() once the tree is collected.
+    _rank_dep: set[str] = field(init=False, repr=False)
+    _world_dep: set[str] = field(init=False, repr=False)
+    _rank_tests: dict[int, bool] = field(init=False, repr=False)
 
     @classmethod
     def parse(cls, path: str, source: str) -> ScriptContext:
@@ -287,7 +292,7 @@ class ScriptContext:
         ctx._collect()
         ctx._rank_dep = ctx._propagate(RANK)
         ctx._world_dep = ctx._propagate(WORLD)
-        ctx._rank_tests: dict[int, bool] = {}
+        ctx._rank_tests = {}
         ctx.facts = ctx._file_facts()
         ctx.project_facts = set(ctx.facts)
         return ctx
@@ -300,6 +305,8 @@ class ScriptContext:
         stack: list[tuple[ast.AST, tuple[Branch, ...], tuple[ast.AST, ...], ast.AST | None]]
         stack = [(self.tree, (), (), None)]
         push = stack.append
+        # Dispatched below on its exact type through the alias `t`, which mypy cannot narrow by.
+        node: Any
         while stack:
             node, branches, loops, func = stack.pop()
             t = type(node)

@@ -119,7 +119,7 @@ class _ParamsView(torch.nn.Module):
             for i, p in enumerate(group["params"])
         ]
 
-    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
         return iter(self._named)
 
 

@@ -184,7 +184,7 @@ class _AfterImport:
     """A meta-path finder that runs a callback right after a module finishes importing,
     so the patches cost nothing in processes that never import the framework."""
 
-    def __init__(self, target: str, callback: Callable[[], None]) -> None:
+    def __init__(self, target: str, callback: Callable[[], object]) -> None:
         self.target, self.callback = target, callback
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
@@ -241,7 +241,7 @@ def _install_mindspore() -> None:
     mindspore.install_autoattach()  # reads the run folder and K from the environment
 
 
-def when_imported(module: str, callback: Callable[[], None]) -> None:
+def when_imported(module: str, callback: Callable[[], object]) -> None:
     if module in sys.modules:
         callback()
     else:

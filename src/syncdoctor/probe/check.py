@@ -166,10 +166,10 @@ def compare_groups(
             differing = []
             odd: set[int] = set()
             for offset, name in enumerate(CLASS_FIELDS[1:], 1):
-                values = {r: table[r][base + offset] for r in members}
-                if len(set(values.values())) > 1:
+                by_rank = {r: table[r][base + offset] for r in members}
+                if len(set(by_rank.values())) > 1:
                     differing.append(CLASS_WHAT[name])
-                    odd.update(majority_outliers(values))
+                    odd.update(majority_outliers(by_rank))
             if differing:
                 groups.append({"class": c, "members": members, "odd": sorted(odd), "what": differing})
                 what.extend(w for w in differing if w not in what)
@@ -215,7 +215,7 @@ def job_store(timeout_s: float) -> Any:
     by `timeout_s` (the job's own timeout, often 30 minutes, stays as it is)."""
     store = dist.distributed_c10d._get_default_store()
     try:
-        store = store.clone()
+        store = store.clone()  # type: ignore[attr-defined]  # a Store method missing from torch's stubs
         store.set_timeout(timedelta(seconds=timeout_s))
     except Exception:
         pass  # an older torch: the job's own store timeout bounds every call
@@ -333,7 +333,7 @@ class CrossRankCheck:
         number = (self.count - 1) // self.block + 1
         self.store.set(
             self._key(number, self.rank),
-            np.array([len(self.rows), len(self.rows[0]), *itertools.chain(*self.rows)], np.int64).tobytes(),
+            np.array([len(self.rows), len(self.rows[0]), *itertools.chain(*self.rows)], np.int64).tobytes(),  # type: ignore[arg-type]  # bytes: the stubs say str
         )
         self.rows = []
         if self.everyone_reads or (number - 1) % self.world_size == self.rank:

@@ -52,7 +52,7 @@ DETAIL_EVERY = 100  # the full state and the diagnostics: at least this many ste
 CLOSE_WAIT_S = 5.0  # at close, the last check's wait: the end of a run must not hang on it
 
 
-def _ddp_class() -> type:
+def _ddp_class() -> type[torch.nn.parallel.DistributedDataParallel]:
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel
@@ -88,7 +88,7 @@ class Probe:
         self.rank = dist.get_rank() if self.distributed else int(os.environ.get("RANK", 0))
         self.world_size = dist.get_world_size() if self.distributed else int(os.environ.get("WORLD_SIZE", 1))
         self.model = model
-        self.module = model.module if isinstance(model, _ddp_class()) else model
+        self.module: torch.nn.Module = model.module if isinstance(model, _ddp_class()) else model
         self.optimizer: torch.optim.Optimizer | None = None
         self.loss_fn, self.loader, self.global_batch = loss_fn, loader, global_batch
         self.baseline = baseline  # the single-card recipe (lr, batch_size), for the doctor
@@ -519,7 +519,7 @@ class Probe:
         values = self._losses or self._auto_losses
         if not values:
             return None
-        floats = [v if v.__class__ is float else v.item() for v in values]
+        floats = [v if v.__class__ is float else v.item() for v in values]  # type: ignore[union-attr]  # not narrowed by __class__
         mean = float(floats[0] if len(floats) == 1 else sum(floats) / len(floats))
         if not self._losses and self._loss_scale:
             mean /= self._loss_scale  # what reached backward() was scaled by GradScaler

@@ -35,11 +35,12 @@ _SLICE_ROWS = 256  # 256 × 1024 int64 = 2 MiB of temporaries per slice
 def tensor_fingerprint(t: torch.Tensor) -> int:
     t = t.detach()
     if t.device.type == "cpu":
-        return to_int64(xxhash.xxh3_64_intdigest(_raw_bytes(t)))
+        return to_int64(xxhash.xxh3_64_intdigest(_raw_bytes(t)))  # type: ignore[arg-type]  # see _raw_bytes
     return int(_device_fingerprint(t).item())
 
 
 def _raw_bytes(t: torch.Tensor) -> np.ndarray:
+    # An ndarray is a buffer, but numpy's stubs declare __buffer__ only for Python >= 3.12.
     if not t.is_contiguous():
         t = t.contiguous()
     if t.numel() == 0 or t.dim() == 0:
@@ -107,7 +108,7 @@ def fingerprints(
             out.append(0)
         elif t.device.type == "cpu" and not device_path:
             raw = cache.view(kind, i, t) if cache is not None else _raw_bytes(t.detach())
-            out.append(to_int64(xxhash.xxh3_64_intdigest(raw)))
+            out.append(to_int64(xxhash.xxh3_64_intdigest(raw)))  # type: ignore[arg-type]  # see _raw_bytes
         else:
             on_device.append((len(out), _device_fingerprint(t.detach())))
             out.append(0)

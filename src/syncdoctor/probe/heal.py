@@ -160,7 +160,7 @@ class Healer:
         blocks = [_rows(v) for v in self.store.multi_get(keys)]
         table: list[list[int]] = []
         for rows in blocks:
-            at = np.flatnonzero(rows[:, 0] == first - 1) if len(rows) else []
+            at: np.ndarray | list[int] = np.flatnonzero(rows[:, 0] == first - 1) if len(rows) else []
             if not len(at):
                 return False  # the slot was reused: unknown, so not healable
             table.append([int(v) for v in rows[at[0], 1 : 1 + WIDTH]])

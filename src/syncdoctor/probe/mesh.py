@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -53,11 +53,15 @@ def is_dtensor(t: Any) -> bool:
     return type(t) is not torch.Tensor and hasattr(t, "to_local") and hasattr(t, "placements")
 
 
+@overload
+def local_shard(t: torch.Tensor) -> torch.Tensor: ...
+@overload
+def local_shard(t: None) -> None: ...
 def local_shard(t: torch.Tensor | None) -> torch.Tensor | None:
     """The bytes this rank holds of `t` (its shard, for a DTensor)."""
     if t is None or type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
         return t
-    return t.to_local() if is_dtensor(t) else t
+    return t.to_local() if is_dtensor(t) else t  # type: ignore[attr-defined]  # a DTensor, checked by duck type
 
 
 def _key_int(parts: tuple[Any, ...]) -> int:

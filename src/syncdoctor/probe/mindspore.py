@@ -459,6 +459,7 @@ class MindSporeProbe:
         return np.ascontiguousarray(out.astype(np.int32)).view(np.int64).reshape(self.world_size, len(values))
 
     def _check(self, param_fp: int, opt_fp: int, tensor_fps: list[int], train_mode: str, config_fp: int) -> None:
+        assert self.writer is not None  # step() returns early without one
         mode_fp = ids_fingerprint(np.frombuffer(train_mode.encode(), dtype=np.uint8))
         try:
             rows = self._allgather([self.step, self.backward, param_fp, opt_fp, mode_fp, config_fp])
@@ -470,7 +471,7 @@ class MindSporeProbe:
                 step=self.step,
                 status="incomplete",
                 what=[],
-                ranks=[],  # type: ignore[union-attr]
+                ranks=[],
                 tensor=None,
                 detail={"error": repr(exc)[:500]},
             )
@@ -503,7 +504,7 @@ class MindSporeProbe:
             rank=self.rank,
             step=self.step,
             status=status,
-            what=what,  # type: ignore[union-attr]
+            what=what,
             ranks=sorted(outside),
             tensor=tensor,
             detail=detail,

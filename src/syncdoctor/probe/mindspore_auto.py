@@ -245,7 +245,8 @@ def _roots_owning(param: Any) -> list[Any]:
                 break
         return found
 
-    frontier, seen, roots = cells_referring(param), set(), []
+    frontier, roots = cells_referring(param), []
+    seen: set[int] = set()
     while frontier and len(seen) < 200:
         cell = frontier.pop()
         if id(cell) in seen:
@@ -439,8 +440,8 @@ def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
     if original is None or getattr(original, "_syncdoctor", False):
         return
     wrapper = make(original)
-    wrapper._syncdoctor = True  # type: ignore[attr-defined]
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper._syncdoctor = True
+    wrapper.__wrapped__ = original
     setattr(owner, name, wrapper)
 
 
@@ -521,14 +522,14 @@ def take_init() -> None:
     checkpoint the script loaded into the net)."""
     W.need_init = False
     W.optimizers = [
-        (ref, fp if fp is not None else combine([array_fingerprint(p.asnumpy()) for p in ref().parameters]))
+        (ref, fp if fp is not None else combine([array_fingerprint(p.asnumpy()) for p in opt.parameters]))
         for ref, fp in W.optimizers
-        if ref() is not None
+        if (opt := ref()) is not None
     ]
 
 
 def _saw_batch(iterator: Any, batch: Any) -> None:
-    first = next(iter(batch.values())) if isinstance(batch, dict) else batch[0] if batch else None
+    first: Any = next(iter(batch.values())) if isinstance(batch, dict) else batch[0] if batch else None
     n = None
     shape = getattr(first, "shape", None)
     if shape:

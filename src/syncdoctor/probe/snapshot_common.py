@@ -67,7 +67,7 @@ def python_rng_digests() -> dict[str, str]:
     try:
         import numpy as np
 
-        state = np.random.get_state()[1]
+        state = np.random.get_state()[1]  # type: ignore[index]  # a tuple for MT19937; else KeyError, caught below
         out["numpy"] = digest(repr(state[:8].tolist()).encode() + state.tobytes())
     except Exception:  # the probe reports; it never fails on a missing piece
         pass

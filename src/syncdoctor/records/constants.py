@@ -3,6 +3,7 @@ inside every training process and must import fast (schema.py holds the frame ty
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 SCHEMA_VERSION = 1
@@ -11,5 +12,5 @@ KINDS = ("snapshot", "step", "check", "event", "end")
 MAX_IDS = 1024  # sample ids kept per step record (the doctor's overlap check); larger batches keep a fingerprint
 
 
-def records_path(run_dir: str | Path, rank: int) -> Path:
+def records_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / RECORDS_SUBDIR / f"rank{rank}.jsonl"

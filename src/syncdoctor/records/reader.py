@@ -52,8 +52,8 @@ class RunRecords:
     @property
     def world_size(self) -> int | None:
         sizes = {s.get("world_size") for s in self.snapshots.values()}
-        sizes = {n for n in sizes if isinstance(n, int) and 0 < n <= MAX_WORLD_SIZE}
-        return max(sizes) if sizes else (max(self.ranks) + 1 if self.ranks else None)
+        valid = {n for n in sizes if isinstance(n, int) and 0 < n <= MAX_WORLD_SIZE}
+        return max(valid) if valid else (max(self.ranks) + 1 if self.ranks else None)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -243,7 +243,7 @@ def _restore_nonfinite(frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _coerce(value: Any, dtype: pl.DataType) -> Any:
+def _coerce(value: Any, dtype: pl.DataType | pl.datatypes.DataTypeClass) -> Any:
     """A JSON value as ``dtype`` holds it, else None: what polars' ignore_errors
     does on the fast path, for the lines it could not take at all."""
     if isinstance(dtype, pl.List):

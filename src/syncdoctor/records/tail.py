@@ -74,7 +74,7 @@ def format_step(
     return _STEP_LINE_ANY % (rank, step, micro, backward, opt_steps, t, values[0], values[1], extra)
 
 
-def tail_path(run_dir: str | Path, rank: int, instance: int) -> Path:
+def tail_path(run_dir: str | os.PathLike[str], rank: int, instance: int) -> Path:
     return Path(run_dir) / RECORDS_SUBDIR / f"rank{rank}.{os.getpid()}.{instance}.tail"
 
 

@@ -79,8 +79,8 @@ class RecordWriter:
             loss, lr = float(loss or 0.0), float(lr or 0.0)
         tail = self._tail
         if tail is None:
-            self.write_line(format_step(self.rank, step, micro, backward, opt_steps, t, loss, lr, absent))  # type: ignore[arg-type]
-        elif tail.put(step, micro, backward, opt_steps, t, loss, lr, absent):  # type: ignore[arg-type]
+            self.write_line(format_step(self.rank, step, micro, backward, opt_steps, t, loss, lr, absent))
+        elif tail.put(step, micro, backward, opt_steps, t, loss, lr, absent):
             self.flush()
 
     def flush(self) -> None:

@@ -129,7 +129,7 @@ class TolerantStream:
         return b"".join(parts)
 
 
-def _blocks(stream: BinaryIO, chunk_bytes: int) -> Iterator[tuple[bytes, bool]]:
+def _blocks(stream: BinaryIO | TolerantStream, chunk_bytes: int) -> Iterator[tuple[bytes, bool]]:
     """Yield (whole lines, last line was truncated) from a byte stream."""
     carry = b""
     skipping = False  # inside an over-long line whose prefix was already yielded
@@ -197,7 +197,7 @@ def _scan_block(block: bytes) -> _Scanned:
     return frame, cand["i"].to_list(), cand["l"].to_list(), cand["ev"].to_list(), long_rows
 
 
-def iter_chunks(stream: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Chunk]:
+def iter_chunks(stream: BinaryIO | TolerantStream, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Chunk]:
     """Chunks of whole lines with their candidate lines, in file order. One block
     is always being scanned ahead of the chunk the caller is parsing."""
     first_line = 1

@@ -100,7 +100,7 @@ class Scale:
         if integer:
             step = max(1, round(step))
         start = math.ceil(self.lo / step) * step
-        out = []
+        out: list[tuple[float, str]] = []
         v = start
         while v <= self.hi + step * 1e-9 and len(out) < 20:
             out.append((v, _fmt_tick(v, integer)))

@@ -8,7 +8,7 @@ which rich never parses for markup, so a log line holding ``[bold]`` or
 
 from __future__ import annotations
 
-from rich.console import Console, Group
+from rich.console import Console, Group, JustifyMethod
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -174,6 +174,7 @@ def _rank_table(diag: Diagnosis) -> Table:
         hidden = len(rows) - len(flagged)
         rows = flagged
     table = Table(title="Per rank", title_justify="left", show_edge=False, pad_edge=False)
+    justify: JustifyMethod
     for name, justify in (
         ("rank", "right"),
         ("steps", "right"),

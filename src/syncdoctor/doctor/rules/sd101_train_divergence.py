@@ -4,7 +4,7 @@ import numpy as np
 import polars as pl
 
 from syncdoctor.doctor.evidence import Evidence
-from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.model import Finding, LossShape
 from syncdoctor.doctor.rules.base import Rule
 
 BLOW_UP = 5.0  # the peak over the starting loss that healthy training never reaches
@@ -58,7 +58,7 @@ class TrainDivergence(Rule):
         return self.found(confidence, [why_bad, why])
 
     @staticmethod
-    def _bad_curve(ev: Evidence, shape) -> str | None:
+    def _bad_curve(ev: Evidence, shape: LossShape) -> str | None:
         if shape.shape in ("diverging", "nonfinite"):
             return f"loss shape: {shape.shape} — {shape.detail}"
         mean = ev.losses.group_by("step").agg(pl.col("loss").mean()).sort("step")["loss"].to_numpy()

@@ -70,14 +70,14 @@ class DeviceCollision(Rule):
                     shared[dup[2]].update(dup[:2])
                 elif event.rank is not None:
                     ranks.add(event.rank)
-        for device, owners in shared.items():
+        for device, sharing in shared.items():
             # NCCL's own account of the rank-to-device mapping: two ranks, one GPU.
             evidence.insert(
                 0,
-                f"NCCL: {fmt_ranks(owners)} are all on CUDA device {device}: several processes "
+                f"NCCL: {fmt_ranks(sharing)} are all on CUDA device {device}: several processes "
                 "drive one GPU (device chosen without the local rank)",
             )
-            ranks.update(owners)
+            ranks.update(sharing)
         if not evidence:
             return None
         return self.found(0.9 if shared else 0.85, evidence[:8], ranks=sorted(ranks))

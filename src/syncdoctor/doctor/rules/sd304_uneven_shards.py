@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import polars as pl
 
 from syncdoctor.doctor.evidence import Evidence
@@ -79,7 +81,7 @@ class UnevenShards(Rule):
             evidence.append("the loader does not drop the last partial batch (drop_last=False)")
             confidence += 0.15
         finished = [r for r, end in (ev.records.ends.items() if ev.records else []) if end.get("status") == "ok"]
-        stuck = ev.ended_early or [c.get("rank") for c in ev.incomplete_checks]
+        stuck: Sequence[int | None] = ev.ended_early or [c.get("rank") for c in ev.incomplete_checks]
         if evidence and finished and stuck:
             evidence.append(
                 f"{fmt_ranks(finished)} finished while {fmt_ranks(set(stuck))} waited on a collective nobody else made"

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from syncdoctor.doctor.evidence import Divergence, Evidence
+from syncdoctor.doctor.evidence import Divergence, Evidence, int_of
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.rulebook import fmt_ranks
@@ -68,7 +68,7 @@ class IncompleteReduce(Rule):
         """Parameters part later in the run with counters, modes and configuration in
         agreement, and the reduced gradients not fingerprinted since: a gradient that
         skipped its reduction is the likeliest cause, though not shown."""
-        first_step = int(ev.steps["step"].min()) if ev.has_records else None
+        first_step = int_of(ev.steps["step"].min()) if ev.has_records else None
         if (
             "param" not in div.what
             or "config" in div.what

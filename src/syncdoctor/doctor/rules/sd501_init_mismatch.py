@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.evidence import Evidence, int_of
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.records.compare import describe_split
@@ -48,7 +48,7 @@ class InitMismatch(Rule):
         elif initial is not None and initial[2] == len(ev.snapshots):
             return None  # every rank started from the same weights: whatever parted came later
         div = ev.divergence
-        first_step = int(ev.steps["step"].min()) if ev.has_records else None
+        first_step = int_of(ev.steps["step"].min()) if ev.has_records else None
         if not init and div and "param" in div.what and "counter" not in div.what and div.step == first_step:
             if ev.differing("optimizer", "param_groups") or ev.differing("loss", "params"):
                 return None  # a configuration seen different at start explains a first update that differs

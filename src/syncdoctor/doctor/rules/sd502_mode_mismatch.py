@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.evidence import Evidence, int_of
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.records.compare import agreement, describe_split
@@ -36,7 +36,7 @@ class ModeMismatch(Rule):
         per_step = modes.group_by("step").agg(pl.col("train_mode").n_unique().alias("k")).filter(pl.col("k") > 1)
         if not per_step.height and not (div and "mode" in div.what):
             return None
-        step = int(per_step["step"].min()) if per_step.height else div.step  # type: ignore[union-attr]
+        step = int_of(per_step["step"].min()) if per_step.height else div.step  # type: ignore[union-attr]  # div is set: see above
         at = modes.filter(pl.col("step") == step)
         values = dict(zip(at["rank"].to_list(), at["train_mode"].to_list(), strict=True))
         split = agreement(values)

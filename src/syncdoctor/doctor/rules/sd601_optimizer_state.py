@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.evidence import Evidence, int_of
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.records.compare import agreement, describe_split
@@ -56,7 +56,7 @@ class OptimizerStateMismatch(Rule):
             )
         elif div is not None and "config" in div.what and not groups:
             evidence.append(f"the optimizer/loss configuration differs across ranks at the check of step {div.step}")
-        first_step = int(ev.steps["step"].min()) if ev.has_records else None
+        first_step = int_of(ev.steps["step"].min()) if ev.has_records else None
         # "The gradients agree" only where they were measured after the parting.
         state_only = (
             div is not None
@@ -65,7 +65,7 @@ class OptimizerStateMismatch(Rule):
             and div.step != first_step
             and ev.agree_after("grad", div.step) is True
         )
-        if state_only:
+        if state_only and div is not None:
             evidence.append(
                 f"parameters and optimizer state part at step {div.step} while the reduced "
                 "gradients and step counters stay identical"

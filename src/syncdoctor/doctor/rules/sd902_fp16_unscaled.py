@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.evidence import Evidence, float_of
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
 
@@ -40,16 +40,16 @@ class Fp16WithoutLossScaling(Rule):
         steps = ev.steps
         if "grad_fp16" in steps.columns:
             checked = steps.filter(pl.col("grad_fp16").is_not_null())
-            if checked.height and checked["grad_fp16"].mean() > 0.5:
+            if checked.height and float_of(checked["grad_fp16"].mean()) > 0.5:
                 evidence.append(
-                    f"the gradients hold only float16 values at {checked['grad_fp16'].mean():.0%} "
+                    f"the gradients hold only float16 values at {float_of(checked['grad_fp16'].mean()):.0%} "
                     f"of {checked.height} checked rank-steps"
                 )
         if not evidence:
             return None
         scales = steps["loss_scale"].drop_nulls()
         managers = [v for v in ev.snapshot_values("ddp", "loss_scale_manager").values() if v]
-        if (scales.len() and scales.max() > 1.0) or managers:
+        if (scales.len() and float_of(scales.max()) > 1.0) or managers:
             return None
         evidence.append("no loss scale above 1 was ever in use")
         return self.found(0.7, evidence, ranks=ev.ranks)

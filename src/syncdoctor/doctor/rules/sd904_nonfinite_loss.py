@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.evidence import Evidence, int_of
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.rulebook import fmt_ranks
@@ -40,7 +40,7 @@ class NonfiniteLoss(Rule):
         bad = losses.filter(~pl.col("loss").is_finite())
         if not bad.height:
             return None
-        first_step = int(bad["step"].min())
+        first_step = int_of(bad["step"].min())
         first = sorted(int(r) for r in bad.filter(pl.col("step") == first_step)["rank"].unique())
         ranks_with_loss = sorted(int(r) for r in losses["rank"].unique())
         ranks_ever = sorted(int(r) for r in bad["rank"].unique())

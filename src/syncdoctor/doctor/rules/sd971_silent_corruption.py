@@ -4,7 +4,7 @@ from typing import Any
 
 import polars as pl
 
-from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.evidence import Evidence, int_of
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.rulebook import fmt_ranks
@@ -50,7 +50,7 @@ def heal_events(ev: Evidence) -> list[dict[str, Any]]:
 def device_of(ev: Evidence, rank: int) -> dict[str, Any]:
     """Where a rank ran: host and device, from its snapshot."""
     snap = ev.snapshots.get(rank, {})
-    env = snap.get("env") if isinstance(snap.get("env"), dict) else {}
+    env = raw_env if isinstance(raw_env := snap.get("env"), dict) else {}
     device = next((f"{k}={env[k]}" for k in DEVICE_ENV if env.get(k) not in (None, "")), None)
     if device is None and isinstance(snap.get("local_rank"), int):
         device = f"LOCAL_RANK={snap['local_rank']}"
@@ -175,7 +175,7 @@ class SilentCorruption(Rule):
     @staticmethod
     def _first_measured_step(ev: Evidence) -> int | None:
         measured = ev.steps.filter(pl.col("param_fp").is_not_null()) if ev.has_records else ev.steps
-        return int(measured["step"].min()) if measured.height else None
+        return int_of(measured["step"].min()) if measured.height else None
 
     @staticmethod
     def _odd_ranks(ev: Evidence, ranks: list[int], world: int) -> list[int]:
@@ -188,7 +188,7 @@ class SilentCorruption(Rule):
         transient flip (a heal's own check already sees the restored state)."""
         if any("persistent" in str(e["heal"].get("reason")) for e in heal_events(ev)):
             return True
-        every = next((s.get("check_every") for s in ev.snapshots.values() if isinstance(s.get("check_every"), int)), 1)
+        every = next((s["check_every"] for s in ev.snapshots.values() if isinstance(s.get("check_every"), int)), 1)
         steps = {int(e["step"]) for e in heals}
         return any(s < c["step"] <= s + every for s in steps for c in checks)
 

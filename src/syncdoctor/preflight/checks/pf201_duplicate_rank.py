@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from operator import methodcaller
 
 from syncdoctor.preflight.checks._common import repeats
 from syncdoctor.preflight.environment import EnvGroup
@@ -27,5 +28,5 @@ class DuplicateRank(Check):
 
     def evaluate(self, ctx: EnvGroup) -> Iterator[Hit]:
         for var in ("RANK", "RANK_ID"):
-            for first, dup, n in repeats(ctx.snapshots, lambda s, v=var: s.get_int(v)):
+            for first, dup, n in repeats(ctx.snapshots, methodcaller("get_int", var)):
                 yield Hit(f"{var}={dup.get(var)} is set in {n} processes (also in {first.path})", dup.line, 1, dup.path)

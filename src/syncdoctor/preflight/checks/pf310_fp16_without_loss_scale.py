@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator
 
 from syncdoctor.preflight.model import Check, Hit
@@ -43,7 +44,7 @@ class Fp16WithoutLossScale(Check):
                 return
 
 
-def _is_fp16(expr: object) -> bool:
+def _is_fp16(expr: ast.AST | None) -> bool:
     text = (dotted_name(expr) or str(literal(expr))).lower() if expr is not None else ""
     return text.endswith(("float16", "half")) and "bfloat" not in text
 

@@ -49,7 +49,9 @@ class RankDependentHyperparameter(Check):
             if not (is_optimizer_ctor(c) or is_loss_ctor(c)):
                 continue
             kind = "optimizer" if is_optimizer_ctor(c) else "loss"
-            params = [(None, a) for a in c.node.args[1 if kind == "optimizer" else 0 :]]
+            params: list[tuple[str | None, ast.expr]] = [
+                (None, a) for a in c.node.args[1 if kind == "optimizer" else 0 :]
+            ]
             params += [
                 (k.arg, k.value)
                 for k in c.node.keywords

@@ -17,7 +17,7 @@ def _callback_base() -> type:
     try:
         from lightning.pytorch import Callback
     except ImportError:  # the older standalone package
-        from pytorch_lightning import Callback  # type: ignore[no-redef]
+        from pytorch_lightning import Callback  # type: ignore[assignment]  # its other package: another class to mypy
     return Callback
 
 
