@@ -302,7 +302,7 @@ log(
 model.train(plan.train_mode)
 t0 = time.time()
 for epoch in range(1, epochs + 1):
-    loader.sampler.set_epoch(epoch)
+    cast(ShardSampler, loader.sampler).set_epoch(epoch)  # the sampler given to the loader above
     todo = list(loader)
     while True:
         if plan.crash_at == step + 1:
