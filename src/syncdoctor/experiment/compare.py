@@ -102,6 +102,7 @@ class Measures:
 def measure(name: str, folder: Path) -> Measures:
     """The measures of one run folder (the doctor's evidence; no rule is re-implemented)."""
     from syncdoctor.doctor.diagnose import diagnose_evidence, load_evidence
+    from syncdoctor.doctor.evidence import int_of
     from syncdoctor.errors import InputError
 
     m = Measures(name, str(folder))
@@ -113,9 +114,9 @@ def measure(name: str, folder: Path) -> Measures:
         return m
     m.world_size = diag.world_size
     if ev.has_records:
-        m.steps = int(ev.steps["step"].max())
+        m.steps = int_of(ev.steps["step"].max())
     elif ev.losses.height:
-        m.steps = int(ev.losses["step"].max())
+        m.steps = int_of(ev.losses["step"].max())
     # The agreement timeline (the checks of the parameters) first; the step records'
     # divergence where there is no check. A differing setting or differing data is a
     # cause the doctor names; it is not the replicas parting.
