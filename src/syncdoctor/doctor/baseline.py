@@ -229,7 +229,8 @@ def compare(run: Evidence, baseline: Evidence, baseline_path: str = "") -> Basel
     """Compare ``run`` with ``baseline`` (see the module docstring)."""
     a, b = _curve(run), _curve(baseline)
     by_samples = bool(a.global_batch and b.global_batch and a.global_batch != b.global_batch)
-    ratio = (b.global_batch / a.global_batch) if by_samples else 1.0  # baseline step → run step
+    # baseline step → run step (by_samples: both batches are known)
+    ratio = (b.global_batch / a.global_batch) if by_samples and a.global_batch and b.global_batch else 1.0
     (run_problem, run_why), (base_problem, base_why) = _problem(a), _problem(b)
     out = BaselineComparison(
         path=baseline_path,
@@ -379,7 +380,9 @@ def _measure(
     return band
 
 
-def _verdict(out: BaselineComparison, run_problem: str | None, base_problem: str | None, measured: bool) -> str:
+def _verdict(
+    out: BaselineComparison, run_problem: str | None, base_problem: str | None, measured: bool
+) -> BaselineVerdict:
     if run_problem and base_problem:
         if run_problem == base_problem:
             return "not_parallel_part"

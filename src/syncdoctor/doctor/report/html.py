@@ -19,6 +19,7 @@ import math
 import re
 from html import escape
 from itertools import chain
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -42,6 +43,9 @@ from syncdoctor.doctor.report.common import (
 )
 from syncdoctor.doctor.series import downsample
 from syncdoctor.rulebook import SEVERITIES, fmt_ranks
+
+if TYPE_CHECKING:  # imported where used: only a run with a baseline needs it
+    from syncdoctor.doctor.baseline import BaselineComparison
 
 __all__ = ["render_fragment", "render_html"]
 
@@ -336,7 +340,7 @@ def _baseline_section(diag: Diagnosis) -> str:
     )
 
 
-def _baseline_chart(cmp) -> str:
+def _baseline_chart(cmp: BaselineComparison) -> str:
     curves = {}
     for key in ("run", "baseline"):
         try:

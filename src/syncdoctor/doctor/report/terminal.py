@@ -8,6 +8,8 @@ which rich never parses for markup, so a log line holding ``[bold]`` or
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console, Group, JustifyMethod
 from rich.panel import Panel
 from rich.table import Table
@@ -26,6 +28,9 @@ from syncdoctor.doctor.report.common import (
     summarize_events,
 )
 from syncdoctor.rulebook import fmt_ranks
+
+if TYPE_CHECKING:  # imported where used: only a run with a baseline needs it
+    from syncdoctor.doctor.baseline import BaselineComparison
 
 _MAX_RANK_ROWS = 32  # beyond this, show only ranks that need attention
 _MAX_EVENTS = 8
@@ -92,7 +97,7 @@ _BASELINE_STYLE = {
 _SHAPE_LINES = ("this run's loss shape:", "the baseline's loss shape:")
 
 
-def _baseline(cmp) -> Group:
+def _baseline(cmp: BaselineComparison) -> Group:
     """The comparison with a baseline run: its verdict, then the evidence lines."""
     from syncdoctor.doctor.baseline import VERDICT_TEXT as BASELINE_TEXT
 
