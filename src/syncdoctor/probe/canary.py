@@ -158,7 +158,7 @@ class Canary:
             with torch.no_grad():
                 for buffer, copy in saved:
                     buffer.copy_(copy)
-        values = [int(v) if isinstance(v, int) else v for v in fps]
+        values: list[Any] = [int(v) if isinstance(v, int) else v for v in fps]  # ints and device tensors
         device_fps = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
         if device_fps:
             read = torch.stack([values[i].to("cpu") for i in device_fps]).tolist()

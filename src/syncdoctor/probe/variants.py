@@ -316,7 +316,7 @@ def _install_seeds() -> None:
             _local.seeding = False
         return value
 
-    original_seed, original_manual_seed = torch.seed, manual_seed.__wrapped__
+    original_seed, original_manual_seed = torch.seed, manual_seed.__wrapped__  # type: ignore[attr-defined]  # functools.wraps
     torch_seed._syncdoctor_variant = True  # type: ignore[attr-defined]
     torch.seed = torch_seed
     torch.random.seed = torch_seed
@@ -381,7 +381,7 @@ def _install_numpy_seeds() -> None:
                 super().__init__(seed)
 
         RandomState.__module__ = base.__module__
-        np.random.RandomState = RandomState
+        np.random.RandomState = RandomState  # type: ignore[misc]  # numpy's class, replaced on purpose
 
 
 # ---------------------------------------------------------------------- broadcast
@@ -649,7 +649,7 @@ def _patch_loader() -> None:
         original(self, *args, **kwargs)
 
     __init__._syncdoctor_variant = True  # type: ignore[attr-defined]
-    DataLoader.__init__ = __init__
+    DataLoader.__init__ = __init__  # type: ignore[method-assign]  # patched on purpose
 
 
 def _world_here() -> tuple[int, int] | None:
@@ -721,7 +721,7 @@ def _shard_loader(label: str, arguments: dict[str, Any]) -> bool:
 def _global_order_sampler() -> type:
     from torch.utils.data import DistributedSampler
 
-    class GlobalOrderSampler(DistributedSampler):  # type: ignore[type-arg]
+    class GlobalOrderSampler(DistributedSampler):
         """DistributedSampler whose epoch advances by itself at each pass over the
         loader, unless the script called set_epoch since the last pass."""
 
