@@ -26,6 +26,9 @@ VALIDATE_RECORDS_ENV = "SYNCDOCTOR_VALIDATE_RECORDS"
 # compared with (the single-rank baseline scales its per-rank batch to the same global batch).
 VARIANT_ENV = "SYNCDOCTOR_VARIANT"
 VARIANT_WORLD_ENV = "SYNCDOCTOR_VARIANT_WORLD"
+# The single-rank baseline's learning rate at its first step: the compared run's (a script
+# that scales its lr with the world size would otherwise run one card at another recipe).
+VARIANT_LR_ENV = "SYNCDOCTOR_VARIANT_LR"
 VARIANTS = ("single", "seeds", "broadcast", "hparams", "data", "modes")
 # `syncdoctor experiment --steps N`: each rank closes its probe after optimizer step N and
 # leaves through SystemExit(0) raised from the step hook. Ranks in lockstep (every step is

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.slow
 
 SYNCDOCTOR = [sys.executable, "-m", "syncdoctor.cli"]
 LAB = [*SYNCDOCTOR, "lab", "run"]
-LAB_ARGS = ("--world-size", "2", "--steps", "40", "--onset", "10", "--pg-timeout", "10")
+# The lab trains whole epochs counted at its own batch size: enough of them that the
+# single-rank rerun (its batch doubled to the global batch) still reaches STEPS.
+LAB_ARGS = ("--world-size", "2", "--steps", "80", "--onset", "10", "--pg-timeout", "10")
 STEPS = 30
 TIMEOUT_S = 400
 NEEDS_VARIANTS = pytest.mark.skipif(

@@ -15,7 +15,7 @@ from typing import Any
 
 from syncdoctor.cli import at_least, did_you_mean
 from syncdoctor.errors import InputError
-from syncdoctor.settings import VARIANT_ENV, VARIANT_WORLD_ENV, VARIANTS
+from syncdoctor.settings import VARIANT_ENV, VARIANT_LR_ENV, VARIANT_WORLD_ENV, VARIANTS
 
 SCHEMA = "syncdoctor.experiment/1"
 DEFAULT_STEPS = 200
@@ -128,6 +128,8 @@ def run_experiment(
         if world:
             env[VARIANT_WORLD_ENV] = str(world)
         if name == "single":
+            if control.first_lr:
+                env[VARIANT_LR_ENV] = repr(control.first_lr)
             if single.command is None:
                 m = Measures(name, str(out / name), ran=False, how=single.why)
                 runs.append(m)

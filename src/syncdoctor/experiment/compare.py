@@ -56,6 +56,7 @@ class Measures:
     applied: bool | None = None  # from the ranks' variant events; None: not reported
     how: str = ""  # what the variant changed, or why it was not applied
     world_size: int | None = None
+    first_lr: float | None = None  # the learning rate of the first recorded step (rank 0's)
     steps: int | None = None
     replicas_agree: bool | None = None  # None: no check to tell
     first_mismatch_step: int | None = None
@@ -115,6 +116,8 @@ def measure(name: str, folder: Path) -> Measures:
     m.world_size = diag.world_size
     if ev.has_records:
         m.steps = int_of(ev.steps["step"].max())
+        first = ev.steps.filter(ev.steps["lr"].is_not_null()).sort("step", "rank").head(1)
+        m.first_lr = float(first["lr"][0]) if first.height else None
     elif ev.losses.height:
         m.steps = int_of(ev.losses["step"].max())
     # The agreement timeline (the checks of the parameters) first; the step records'

@@ -140,6 +140,8 @@ def install_torch() -> None:
         _safe(_install_seeds)
     elif name in ("data", "single"):
         _safe(_patch_loader)
+        if name == "single":
+            _safe(_install_single_lr)
     elif name == "hparams":
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -767,3 +769,34 @@ def _scale_batch(label: str, arguments: dict[str, Any]) -> bool:
     arguments["batch_size"] = batch * world
     _status.ok(f"{label}: batch_size {batch} -> {batch * world}, the global batch of {world} ranks")
     return True
+
+
+def _install_single_lr() -> None:
+    """single: every step runs at the compared run's learning rate (VARIANT_LR_ENV, its
+    first step's) times the script's own schedule: the lr of each group is multiplied by
+    wanted / (the script's lr at the first step) for the step, then put back, so a
+    scheduler that reads the group's lr compounds nothing."""
+    text = os.environ.get(settings.VARIANT_LR_ENV, "").strip()
+    try:
+        wanted = float(text)
+    except ValueError:
+        return  # no lr to match: the batch alone is scaled (what the event says)
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    factors: dict[int, float] = {}
+
+    def scale(optimizer: Any, up: bool) -> None:
+        if id(optimizer) not in factors:
+            if not up or not optimizer.param_groups:
+                return
+            own = float(optimizer.param_groups[0].get("lr", 0.0))
+            factors[id(optimizer)] = wanted / own if own > 0 and wanted > 0 else 1.0
+            if _status is not None and factors[id(optimizer)] != 1.0:
+                _status.ok(f"lr {own:g} -> {wanted:g}, the compared run's at its first step")
+        factor = factors[id(optimizer)]
+        if factor != 1.0:
+            for group in optimizer.param_groups:
+                group["lr"] = group["lr"] * factor if up else group["lr"] / factor
+
+    register_optimizer_step_pre_hook(lambda opt, args, kwargs: _safe(scale, opt, True))
+    register_optimizer_step_post_hook(lambda opt, args, kwargs: _safe(scale, opt, False))
