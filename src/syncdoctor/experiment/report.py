@@ -52,9 +52,15 @@ def print_table(comparison: Comparison, console: object) -> None:
     table = Table(title="syncdoctor experiment: each variant against the control", show_lines=False)
     for h in SHORT_HEADERS:
         table.add_column(h, overflow="fold")
-    for m in [comparison.control, *comparison.variants]:
-        table.add_row(*row(m, comparison))
+    runs = [comparison.control, *comparison.variants]
+    for m in runs:
+        cells = row(m, comparison)
+        # A terminal is narrow: the table says yes/no, what each variant changed follows it.
+        cells[1] = cells[1].split(":", 1)[0]
+        table.add_row(*cells)
     console.print(table)  # type: ignore[attr-defined]
+    for m in comparison.variants:
+        console.print(f"  {m.name}: {_applied(m)}", markup=False, highlight=False)  # type: ignore[attr-defined]
     for line in comparison.verdict:
         console.print(f"• {line}", markup=False, highlight=False)  # type: ignore[attr-defined]
 
