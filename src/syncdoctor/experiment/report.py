@@ -12,7 +12,7 @@ from syncdoctor.doctor.series import downsample
 from syncdoctor.experiment.compare import Comparison, Measures
 
 HEADERS = ("run", "applied", "replicas agree", "loss offsets", "curve", "blow-up", "top cause", "anomaly gone")
-SHORT_HEADERS = ("run", "applied", "replicas", "offsets", "curve", "blow-up", "top cause", "gone")
+SHORT_HEADERS = ("run", "applied", "agree", "offsets", "curve", "blow-up", "cause", "gone")
 
 
 def _applied(m: Measures) -> str:
@@ -46,6 +46,25 @@ def row(m: Measures, comparison: Comparison) -> list[str]:
     return [m.name, _applied(m), agree, offsets, m.shape or "", "yes" if m.blowup else "no", cause, gone or "-"]
 
 
+_TERSE_ANOMALY = {"replica_mismatch": "replicas", "loss_offset": "offsets", "shape": "shape", "blowup": "blow-up"}
+
+
+def _terse(cells: list[str], m: Measures, comparison: Comparison) -> list[str]:
+    """A terminal is narrow: yes/no for applied (what each variant changed follows the
+    table), "no @step" for the replicas, the top cause's code, the removed anomalies'
+    short names; a single rank is credited only with what one rank can show."""
+    cells = list(cells)
+    cells[1] = cells[1].split(":", 1)[0]
+    cells[2] = cells[2].replace(", from step ", " @").split(" (")[0]
+    cells[6] = m.top_code or cells[6]
+    if m.name != "control" and m.name in comparison.removed:
+        gone = comparison.removed[m.name]
+        if m.name == "single":
+            gone = [k for k in gone if k in ("shape", "blowup")]
+        cells[7] = ", ".join(_TERSE_ANOMALY.get(k, k.removeprefix("cause:")) for k in gone) or "-"
+    return cells
+
+
 def print_table(comparison: Comparison, console: object) -> None:
     from rich.table import Table
 
@@ -54,10 +73,7 @@ def print_table(comparison: Comparison, console: object) -> None:
         table.add_column(h, overflow="fold")
     runs = [comparison.control, *comparison.variants]
     for m in runs:
-        cells = row(m, comparison)
-        # A terminal is narrow: the table says yes/no, what each variant changed follows it.
-        cells[1] = cells[1].split(":", 1)[0]
-        table.add_row(*cells)
+        table.add_row(*_terse(row(m, comparison), m, comparison))
     console.print(table)  # type: ignore[attr-defined]
     for m in comparison.variants:
         console.print(f"  {m.name}: {_applied(m)}", markup=False, highlight=False)  # type: ignore[attr-defined]
