@@ -205,3 +205,16 @@ def test_cli_terminal_json_and_bad_baselines(tmp_path: Path, capsys: pytest.Capt
         assert err.startswith("syncdoctor: error: --baseline:") and "\n" not in err, err
     with pytest.raises(InputError, match="--baseline"):
         diagnose([run], baseline=[tmp_path / "missing"])
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_a_steady_gap_inside_the_band_parts_and_noise_does_not(tmp_path: Path, seed: int) -> None:
+    # 200 steps of 5 % noise: the band is about ×1.08, two standard errors about ×1.04.
+    # A run 7 % above the baseline throughout crosses the band on some points only.
+    base = write_log(tmp_path / "base.log", healthy(200, seed=seed))
+    worse = write_log(tmp_path / "worse.log", list(np.asarray(healthy(200, seed=seed + 100)) * 1.07))
+    same = write_log(tmp_path / "same.log", healthy(200, seed=seed + 100))
+    cmp = diagnose([worse], baseline=[base]).baseline
+    assert cmp.verdict == "parallel_part" and cmp.direction == "worse", cmp.evidence
+    assert cmp.parted_at_step is not None
+    assert diagnose([same], baseline=[base]).baseline.verdict == "agree"

@@ -61,7 +61,12 @@ PROBLEM = {
 }
 BAND_SE = 4.0  # standard errors: over ~100 compared points, noise alone crosses 4 SE almost never
 PERSIST = 0.8  # share of the points from the parting on that must stay outside the band
-MIN_PERSIST_POINTS = 3
+MIN_PERSIST_POINTS = 3  # and at least one window: a parting in the last few points is the median's edge
+# A gap that holds: w-point medians w apart are independent, so SUSTAINED_WINDOWS of them
+# in a row each beyond SUSTAINED_SE standard errors (p ≈ 0.023 each) is as unlikely under
+# noise alone as one point beyond 4 SE, and it catches a steady offset that sits near the band.
+SUSTAINED_SE = 2.0
+SUSTAINED_WINDOWS = 3
 MIN_OVERLAP = 5  # points, as shape.py needs to read a shape
 SERIES_POINTS = 2000
 MAX_RANKS_COMPARED = 64  # one rolling median per rank: 64 ranks × 20,000 steps took 5 s on a busy 2-core machine
@@ -208,21 +213,39 @@ class _Band:
     half_width: float
 
 
-def _parting(diff: np.ndarray, band: float) -> tuple[int, str] | None:
+def _parting(diff: np.ndarray, band: float, window: int) -> tuple[int, str] | None:
     """(index, direction) of the first point from which ``diff`` stays beyond ``band``
-    on one side: this point and ≥ PERSIST of the rest, at least MIN_PERSIST_POINTS."""
+    on one side: this point and ≥ PERSIST of the rest, at least MIN_PERSIST_POINTS and
+    at least ``window`` points (one independent median)."""
     best: tuple[int, str] | None = None
     n = diff.size
     for sign, direction in ((1.0, "worse"), (-1.0, "better")):
         out = np.nan_to_num(sign * diff, nan=np.inf) > band  # a non-finite run loss is out
         after = np.cumsum(out[::-1])[::-1]  # points outside from i to the end
         remaining = np.arange(n, 0, -1)
-        ok = out & (after >= PERSIST * remaining) & (remaining >= MIN_PERSIST_POINTS)
+        ok = out & (after >= PERSIST * remaining) & (remaining >= max(MIN_PERSIST_POINTS, window))
         if ok.any():
             i = int(np.argmax(ok))
             if best is None or i < best[0]:
                 best = (i, direction)
     return best
+
+
+def _sustained_parting(diff: np.ndarray, band: float, window: int) -> tuple[int, str] | None:
+    """(index, direction) where a steady gap begins: the smoothed ``diff`` read every
+    ``window`` points (independent medians), beyond ``band`` at each of those reads
+    from there to the end, at least SUSTAINED_WINDOWS of them; None if there is none."""
+    reads = np.arange(diff.size - 1, -1, -window)[::-1]  # ends on the last point
+    if reads.size < SUSTAINED_WINDOWS:
+        return None
+    d = np.nan_to_num(diff[reads], nan=np.inf)
+    for sign, direction in ((1.0, "worse"), (-1.0, "better")):
+        out = sign * d > band
+        if not out[-SUSTAINED_WINDOWS:].all():
+            continue
+        k = reads.size - int(np.argmin(out[::-1])) if not out.all() else 0  # the first read of the last run
+        return int(reads[k]), direction
+    return None
 
 
 def compare(run: Evidence, baseline: Evidence, baseline_path: str = "") -> BaselineComparison:
@@ -321,7 +344,11 @@ def _measure(
         return _r(math.exp(z) if positive else z)
 
     comparable = np.isfinite(zb)
-    parting = _parting(np.where(comparable, diff, 0.0), half_width)
+    parting = _parting(np.where(comparable, diff, 0.0), half_width, window)
+    sustained = False
+    if parting is None:
+        parting = _sustained_parting(np.where(comparable, diff, 0.0), SUSTAINED_SE * se, window)
+        sustained = parting is not None
     last = int(np.flatnonzero(comparable)[-1]) if comparable.any() else x.size - 1
     out.run_loss_at_end, out.baseline_loss_at_end = back(float(za[last])), back(float(zb[last]))
     width = f"×/÷ {math.exp(half_width):.3g}" if positive else f"± {half_width:.3g}"
@@ -347,6 +374,13 @@ def _measure(
             f"{_num(out.baseline_loss_at_parting)} (smoothed), {'higher' if direction == 'worse' else 'lower'} "
             f"from there on; at the last compared step {x[last]}: {_num(out.run_loss_at_end)} vs "
             f"{_num(out.baseline_loss_at_end)}"
+            + (
+                f" (a steady gap: every {window}-point median from there on lies beyond "
+                f"{SUSTAINED_SE:g} standard errors, {math.exp(SUSTAINED_SE * se) if positive else SUSTAINED_SE * se:.3g}"
+                f"{'×' if positive else ''}, though within the band)"
+                if sustained
+                else ""
+            )
         )
     else:
         out.evidence.append(
@@ -366,9 +400,10 @@ def _measure(
             rx, rz_raw = steps[keep], tr(values[keep])
             if rx.size < MIN_OVERLAP:
                 continue
-            rz = _smooth(rz_raw, _window(rx.size))
+            rank_window = _window(rx.size)
+            rz = _smooth(rz_raw, rank_window)
             rzb = np.interp(rx, x[comparable], zb[comparable]) if comparable.any() else np.full(rx.size, np.nan)
-            p = _parting(np.where(np.isfinite(rzb), rz - rzb, 0.0), half_width)
+            p = _parting(np.where(np.isfinite(rzb), rz - rzb, 0.0), half_width, rank_window)
             out.ranks.append(RankParting(rank, int(rx[p[0]]) if p else None, p[1] if p else None, shapes.get(rank, "")))
         parted = [r for r in out.ranks if r.parted_at_step is not None]
         if parted and len(parted) < len(out.ranks):
