@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import polars as pl
 from rich.console import Console
 
 from syncdoctor.doctor.diagnose import diagnose
@@ -101,3 +102,16 @@ def test_report_prints_what_ran(tmp_path: Path) -> None:
         assert shown in html, shown
         assert shown.replace("&lt;", "<") in text, shown
     assert diagnose([write_run(tmp_path / "bare", [{"framework": None}])]).run == {}
+
+
+def test_nested_step_fields_are_columns_only_where_a_record_has_them(tmp_path: Path) -> None:
+    """Absent list/struct fields are left out of the step frame (memory at scale);
+    a run that writes one gets its column, nulls included where a step lacks it."""
+    snaps = [{"tensors": TENSORS}, {"tensors": TENSORS}]
+    plain = read_run(write_run(tmp_path / "plain", snaps)).steps
+    assert {"tensor_fps", "canary", "acts", "replica_fps", "ids"}.isdisjoint(plain.columns)
+    assert {"loss", "param_fp", "grad_fp"} <= set(plain.columns)
+    with_fps = read_run(write_run(tmp_path / "fps", snaps, step_fields={1: {"tensor_fps": [1, 2, 3]}})).steps
+    assert "tensor_fps" in with_fps.columns and "canary" not in with_fps.columns
+    assert with_fps["tensor_fps"].drop_nulls().to_list()[0] == [1, 2, 3]
+    assert with_fps.filter(pl.col("rank") == 0)["tensor_fps"].null_count() == 20  # rank 1 alone writes it
