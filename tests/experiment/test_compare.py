@@ -51,3 +51,16 @@ def test_variants_not_applied_or_not_reported_are_not_credited() -> None:
     assert "broadcast: not applied: no DDP" in result.verdict
     assert "single: not applied: x" in result.verdict
     assert any("seeds: not reported" in line for line in result.verdict)
+
+
+def test_a_variant_that_trades_the_anomaly_for_another_is_not_credited() -> None:
+    # Seen on a Hugging Face Trainer run: the loss offset's cause gone, the replicas parted.
+    offset = {"offsets": {1: 0.2}, "verdict": "sync_problem", "top_code": "SD701", "top_title": "loss"}
+    traded = {"offsets": {1: 0.2}, "replicas_agree": False, "verdict": "sync_problem", "top_code": "SD601"}
+    result = compare(_m("control", **offset), [_m("hparams", **traded), _m("seeds", **offset)])
+    assert result.added == {"hparams": ["replica_mismatch"]}
+    assert not any(line.startswith("hparams removes") and "→" in line for line in result.verdict), result.verdict
+    assert any(
+        "hparams removes the doctor's top cause" in line and "not an explanation" in line for line in result.verdict
+    )
+    assert "no variant removes the doctor's top cause (SD701: loss)" in result.verdict

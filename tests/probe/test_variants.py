@@ -232,3 +232,55 @@ def test_a_variant_on_the_clean_run_changes_nothing_the_doctor_sees(tmp_path: Pa
     assert causes == []
     assert [e["variant"]["applied"] for e in events] == [True, True]
     assert [e["variant"]["changed"] for e in events] == [0, 0]
+
+
+# A DDP loop whose rank 0 alone decays the lr after step 4, then is slow to step: the
+# other rank reaches its optimizer step first (the race a real script has when the main
+# process changes a setting between steps). Each rank writes its final parameters' hash.
+LATE_CHANGE_SCRIPT = r"""
+import hashlib, os, sys, time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = torch.Generator().manual_seed(1 + rank)
+for step in range(1, 9):
+    x = torch.randn(16, 8, generator=data)
+    model(x).pow(2).mean().backward()
+    if step == 5 and rank == 0:
+        opt.param_groups[0]["lr"] = 0.01
+        time.sleep(0.5)
+    opt.step()
+    opt.zero_grad()
+flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+with open(os.path.join(sys.argv[1], f"final{rank}"), "w") as f:
+    f.write(hashlib.sha256(flat.numpy().tobytes()).hexdigest())
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["", "hparams"])
+def test_hparams_forces_a_value_rank0_changes_between_steps_at_that_step(tmp_path: Path, variant: str) -> None:
+    script = tmp_path / "late_change.py"
+    script.write_text(LATE_CHANGE_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in (VARIANT_ENV, "RANK", "WORLD_SIZE")}
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", **({VARIANT_ENV: variant} if variant else {}))
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    launcher += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), str(tmp_path)]
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [*SYNCDOCTOR, "run", "--check-every", "4", "--out", str(out), "--", *launcher],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    finals = {(tmp_path / f"final{r}").read_text() for r in range(2)}
+    # Without the variant the replicas part (the fault is real); with it they stay equal.
+    assert len(finals) == (1 if variant else 2), proc.stderr[-2000:]
+    assert "without waiting" not in proc.stderr

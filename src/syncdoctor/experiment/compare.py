@@ -236,6 +236,7 @@ def _verdict(
         else:
             lines.append("no anomaly in the control run: nothing to explain; no variant changed anything")
     else:
+        texts = {v.name: v.anomalies for v in variants}
         single = next((v for v in variants if v.name == "single" and v.usable), None)
         shared = [k for k in base if single is not None and k in single_rank_view(single)]
         if shared:
@@ -248,7 +249,19 @@ def _verdict(
         for key, text in base.items():
             if key in shared:
                 continue
-            by = [name for name, gone in removed.items() if key in gone and name != "single"]
+            gone_in = [name for name, gone in removed.items() if key in gone and name != "single"]
+            # A variant that removes one anomaly but brings another (its forcing itself
+            # parts the replicas, say) explains nothing: it is named, not credited.
+            by = [name for name in gone_in if name not in added]
+            traded = [name for name in gone_in if name in added]
+            if traded:
+                lines.append(
+                    "; ".join(
+                        f"{name} removes {text} but shows {', '.join(texts[name][k] for k in added[name])}"
+                        for name in traded
+                    )
+                    + ": that is a different run, not an explanation"
+                )
             if by:
                 lines.append(f"{', '.join(by)} remove{'s' if len(by) == 1 else ''} {text} → {_meaning(by)}")
             elif single is not None and key in removed.get("single", []) and key in ("shape", "blowup"):

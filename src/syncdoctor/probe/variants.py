@@ -15,7 +15,9 @@ why it could not be (`why`), at the end of its first optimizer step.
   backward/step of a loop without DDP): every rank is at that point.
 - hparams: rank 0's optimizer param-group scalars and the loss object's public scalar
   attributes are forced on every rank before every optimizer step, through the job's
-  c10d store (rank 0 publishes, the others read the latest without waiting).
+  c10d store: rank 0 publishes what it will use at its n-th step, and the others wait
+  (bounded) until rank 0 has reached its n-th step, so a value rank 0 changes between
+  steps is used by every rank at the same step.
 - data: a map-style DataLoader's sampler becomes a DistributedSampler over one global
   order (seed 0, drop_last), its epoch advanced at each pass over the loader.
 - modes: at the first grad-enabled forward rank 0's train/eval flags of every module
@@ -551,6 +553,8 @@ def _hparams_start(probe: Any, optimizer: Any) -> None:
         "last": everyone[0],  # rank 0: what it published; the others: what they apply
         "published": published,
         "version": 0,
+        "steps": 0,  # this rank's optimizer steps since the binding
+        "wait_s": _wait_s(),
     }
     keys = {k for g in published["groups"] for k in g}
     attrs = sorted({k for values in published["loss"].values() for k in values})
@@ -562,11 +566,17 @@ def _hparams_start(probe: Any, optimizer: Any) -> None:
 
 
 def _hparams_before_step(optimizer: Any) -> None:
-    """Every step: rank 0 publishes what changed; the others apply the latest."""
+    """Every step: rank 0 publishes what changed, then that it reached this step; the
+    others wait for that (a rank after the backward's all-reduce is rarely more than a
+    moment ahead of rank 0, but without the wait a value rank 0 changed between steps
+    reached them one step late: the replicas parted for good, measured on an accelerate
+    script that decays the lr on the main process only). A wait that runs out ends
+    the waiting for the rest of the run, and says so (`_note`)."""
     hp = _state["hparams"]
     if hp is None or hp["optimizer"] is not optimizer:
         return
     store = _store()
+    hp["steps"] += 1
     try:
         if hp["rank"] == 0:
             payload = _hparams_payload(optimizer, hp["losses"])
@@ -574,16 +584,35 @@ def _hparams_before_step(optimizer: Any) -> None:
                 store.set("hparams/latest", payload)
                 store.add("hparams/version", 1)
                 hp["last"] = payload
+            store.add("hparams/steps", 1)  # after the payload: a rank that sees n sees step n's values
             return
-        version = store.add("hparams/version", 0)  # one round trip, never waits for rank 0
+        if hp["wait_s"]:
+            deadline = time.monotonic() + hp["wait_s"]
+            while store.add("hparams/steps", 0) < hp["steps"]:
+                if time.monotonic() > deadline:
+                    hp["wait_s"] = 0.0
+                    _note(
+                        f"rank 0 had not reached optimizer step {hp['steps']} after {_wait_s():.0f} s: "
+                        "later steps take its latest values without waiting"
+                    )
+                    break
+                time.sleep(POLL_S)
+        version = store.add("hparams/version", 0)
         if version != hp["version"]:
             hp["published"] = json.loads(store.get("hparams/latest"))
             hp["version"] = version
         _apply_hparams(optimizer, hp["losses"], hp["published"])
     except Exception as exc:  # the store is gone (the job ends): stop forcing, say so
         _state["hparams"] = None
-        if _status is not None:
-            _status.why.append(f"stopped forcing at a step: the store did not answer ({type(exc).__name__})")
+        _note(f"stopped forcing at a step: the store did not answer ({type(exc).__name__})")
+
+
+def _note(why: str) -> None:
+    """What a variant gave up after it was applied: in its event when that is still to
+    be written (after the first step), and on stderr, where the run's log keeps it."""
+    if _status is not None:
+        _status.why.append(why)
+        print(f"syncdoctor: variant {_status.name}: {why}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------- modes
