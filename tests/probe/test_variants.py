@@ -173,11 +173,29 @@ FIRES = [
 ]
 
 
+def _syncdoctor_run(out: Path, command: list[str], variant: str, check_every: int) -> str:
+    """`syncdoctor run` of ``command`` with the variant set ("" for none); returns its
+    stderr. Asserts that it succeeded and that no process is left."""
+    env = {k: v for k, v in os.environ.items() if k not in (VARIANT_ENV, "RANK", "WORLD_SIZE")}
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", **({VARIANT_ENV: variant} if variant else {}))
+    proc = subprocess.run(
+        [*SYNCDOCTOR, "run", "--check-every", str(check_every), "--out", str(out), "--", *command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((out / "run.json").read_text())["still_running"] == []
+    assert pids_running_with(str(out)) == []
+    return proc.stderr
+
+
 def _variant_run(tmp_path: Path, variant: str, fault: str, extra: tuple[str, ...]) -> tuple[list[str], list[dict]]:
     """Run the lab fault under `syncdoctor run` with the variant; returns the causes the
     doctor names and every rank's variant event. Asserts that no process is left."""
     out = tmp_path / f"{variant}-{fault}"
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", **{VARIANT_ENV: variant})
     command = [
         *SYNCDOCTOR,
         "lab",
@@ -191,17 +209,7 @@ def _variant_run(tmp_path: Path, variant: str, fault: str, extra: tuple[str, ...
         str(out / "lab"),
         *extra,
     ]
-    proc = subprocess.run(
-        [*SYNCDOCTOR, "run", "--check-every", "5", "--out", str(out), "--", *command],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        stdin=subprocess.DEVNULL,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads((out / "run.json").read_text())["still_running"] == []
-    assert pids_running_with(str(out)) == []
+    _syncdoctor_run(out, command, variant, check_every=5)
     # A loop without DDP keeps the folder the script gave its attach (the lab's own).
     folder = out if (out / "records").is_dir() else out / "lab"
     causes = [f.category for f in run_rules(load_evidence([folder]))]
@@ -266,21 +274,10 @@ dist.destroy_process_group()
 def test_hparams_forces_a_value_rank0_changes_between_steps_at_that_step(tmp_path: Path, variant: str) -> None:
     script = tmp_path / "late_change.py"
     script.write_text(LATE_CHANGE_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k not in (VARIANT_ENV, "RANK", "WORLD_SIZE")}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", **({VARIANT_ENV: variant} if variant else {}))
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     launcher += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), str(tmp_path)]
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        [*SYNCDOCTOR, "run", "--check-every", "4", "--out", str(out), "--", *launcher],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        stdin=subprocess.DEVNULL,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    stderr = _syncdoctor_run(tmp_path / "run", launcher, variant, check_every=4)
     finals = {(tmp_path / f"final{r}").read_text() for r in range(2)}
     # Without the variant the replicas part (the fault is real); with it they stay equal.
-    assert len(finals) == (1 if variant else 2), proc.stderr[-2000:]
-    assert "without waiting" not in proc.stderr
+    assert len(finals) == (1 if variant else 2), stderr[-2000:]
+    assert "without waiting" not in stderr
