@@ -343,6 +343,22 @@ def test_probe_run_folder_reads_logs_not_records(tmp_path):
 EVENT_LINES = [
     # line, kind, benign
     (
+        # msrun's scheduler while the cluster forms: EAGAIN, "try again" (a healthy MindSpore 2.10 run here)
+        "[WARNING] DISTRIBUTED(32575,7f1c696a06c0,python):2026-12-01-05:09:11.118.012 "
+        "[mindspore/ccsrc/cluster/rpc/tcp/connection.cc:79] SocketEventHandler] Event value fd: 10, events: 1, "
+        "state: 4, errcode: 11, errno: 11 Resource temporarily unavailable, remote peer: 1",
+        "network",
+        True,
+    ),
+    (
+        # the same call failing for real stays a network fault
+        "[ERROR] DISTRIBUTED(32575,7f1c696a06c0,python):2026-12-01-05:09:11.118.012 "
+        "[mindspore/ccsrc/cluster/rpc/tcp/connection.cc:79] SocketEventHandler] Event value fd: 10, events: 8, "
+        "state: 4, errcode: 104, errno: 104 Connection reset by peer, remote peer: 1",
+        "network",
+        False,
+    ),
+    (
         "[rank1]:[E1129 10:12:01.123456 1 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
         "WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600000 milliseconds before timing out.",
         "watchdog",

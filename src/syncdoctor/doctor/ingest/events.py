@@ -84,6 +84,16 @@ RULES: tuple[Rule, ...] = (
     # The msrun scheduler logs every worker's disconnect; "errno: 0 Success" is a worker
     # that finished, not a failed link.
     Rule("ms_socket_closed_ok", "network", ("errno: 0 success",), benign=True),
+    # errno 11 (EAGAIN) on a non-blocking socket means "no data yet, try again": the
+    # scheduler logs it as a WARNING while the cluster forms. Taken for a failure it came
+    # before a real crash and made the crash look like a consequence (a flaky CI run).
+    Rule(
+        "ms_socket_eagain",
+        "network",
+        ("errno: 11 resource temporarily unavailable",),
+        _re(r"\[WARNING\].{0,300}SocketEventHandler"),
+        benign=True,
+    ),
     Rule("ms_analyzing", "info", ("analyzing exception log",), benign=True),
     # InfiniBand subnet-manager notices NCCL relays as WARN: the port stays up.
     Rule("nccl_ib_reregistration", "network", ("client reregistration",), benign=True),
