@@ -344,10 +344,11 @@ def _measure(
         return _r(math.exp(z) if positive else z)
 
     comparable = np.isfinite(zb)
-    parting = _parting(np.where(comparable, diff, 0.0), half_width, window)
+    compared_diff = np.where(comparable, diff, 0.0)
+    parting = _parting(compared_diff, half_width, window)
     sustained = False
     if parting is None:
-        parting = _sustained_parting(np.where(comparable, diff, 0.0), SUSTAINED_SE * se, window)
+        parting = _sustained_parting(compared_diff, SUSTAINED_SE * se, window)
         sustained = parting is not None
     last = int(np.flatnonzero(comparable)[-1]) if comparable.any() else x.size - 1
     out.run_loss_at_end, out.baseline_loss_at_end = back(float(za[last])), back(float(zb[last]))
