@@ -18,7 +18,6 @@ recorded event and disables the probe; only `on_mismatch="raise"` raises, by cho
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import math
 import os
@@ -37,6 +36,7 @@ from syncdoctor.probe.canary import Canary, CanaryUnavailable
 from syncdoctor.probe.check import CrossRankCheck, config_fingerprint, groups_fingerprint
 from syncdoctor.probe.evidence import LAST_LOSSES
 from syncdoctor.probe.fingerprint import ViewCache, combine, fingerprints, ids_fingerprint
+from syncdoctor.probe.hooks import ForwardWatch, watch_forward, weak_hook
 from syncdoctor.probe.mesh import layout_of, local_shard
 from syncdoctor.probe.snapshot import build_snapshot
 from syncdoctor.records import contract
@@ -126,6 +126,7 @@ class Probe:
         self._local_norm_handles: list[Any] = []
         self._buffer_fp: int | None = None
         self._acts: list[dict[str, Any]] = []
+        self._activation_names: dict[int, str] = {}  # id(child) -> its name in the records
         self.last_tensor_fps: list[int] = []  # per parameter, at the last check: to name the first that differs
         self._recent_losses: list[float | None] = [None] * LAST_LOSSES  # by step % LAST_LOSSES
         self.last_grad_norm: float | None = None
@@ -172,7 +173,7 @@ class Probe:
         return any(id(p) in self._param_ids for g in optimizer.param_groups for p in g["params"])
 
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
-        self._handles.append(optimizer.register_step_post_hook(self._after_step_hook))
+        self._handles.append(optimizer.register_step_post_hook(weak_hook(self._after_step_hook)))
         variants.before_snapshot(self, optimizer)  # `syncdoctor experiment`: rank 0's hyperparameters first
         names = [n for n, _ in self._named_params]
         snapshot = build_snapshot(
@@ -228,23 +229,25 @@ class Probe:
     def _install_model_hooks(self) -> None:
         if self._named_params:
             first = self._named_params[0][1]
-            self._handles.append(first.register_post_accumulate_grad_hook(self._on_backward))
-        self._forward_handle: Any = None
+            self._handles.append(first.register_post_accumulate_grad_hook(weak_hook(self._on_backward)))
+        self._forward_handle: ForwardWatch | None = None
         self._arm_forward()
         if self.activations_every:
             # Every k-th block: the playbook's "intermediate loss" view of where ranks part.
             for i, child in enumerate(self.module.children()):
                 if i % self.activation_stride == 0:
-                    name = f"{i}:{type(child).__name__}"
-                    self._handles.append(child.register_forward_hook(self._activation_hook(name)))
+                    self._activation_names[id(child)] = f"{i}:{type(child).__name__}"
+                    self._handles.append(watch_forward(child, post=self._on_activation))
         self._arm_local_norms()  # step 1 is measured in full
 
     def _arm_forward(self) -> None:
-        """The forward pre-hook (buffers, the input's fingerprint) is in place only in
-        measured iterations: a module with no hooks keeps torch's fast call path."""
+        """The forward watch (buffers, the input's fingerprint) is in place only in
+        measured iterations: with nothing watched, every module keeps torch's fast call
+        path. It hangs nothing on the module (probe/hooks.py): a copy or a pickle of the
+        user's module never reaches the probe."""
         wanted = self._measuring
         if wanted and self._forward_handle is None:
-            self._forward_handle = self.module.register_forward_pre_hook(self._on_forward_start, with_kwargs=True)
+            self._forward_handle = watch_forward(self.module, pre=self._on_forward_start, post=self._on_forward_end)
         elif not wanted and self._forward_handle is not None:
             self._forward_handle.remove()
             self._forward_handle = None
@@ -257,9 +260,7 @@ class Probe:
         exist only during detailed iterations: no per-step cost, and no DDP comm hook,
         so the user's own register_comm_hook is untouched."""
         for i, (_, p) in enumerate(self._named_params):
-            self._local_norm_handles.append(
-                p.register_post_accumulate_grad_hook(functools.partial(self._on_local_grad, i))
-            )
+            self._local_norm_handles.append(p.register_post_accumulate_grad_hook(weak_hook(self._on_local_grad, i)))
 
     def _disarm_local_norms(self) -> None:
         for handle in self._local_norm_handles:
@@ -316,14 +317,23 @@ class Probe:
             )
         except Exception:
             pass
-        for handle in [*self._handles, *self._local_norm_handles, self._forward_handle]:
-            try:
-                handle.remove()
-            except Exception:
-                pass
-        self.writer.close()
+        self.remove_hooks()
+        try:
+            self.writer.close()
+        except Exception:
+            pass
         if self in _active:
             _active.remove(self)
+
+    def remove_hooks(self) -> None:
+        """Take every hook and watch off torch's objects (idempotent)."""
+        for handle in [*self._handles, *self._local_norm_handles, self._forward_handle]:
+            if handle is not None:
+                try:
+                    handle.remove()
+                except Exception:
+                    pass
+        self._handles, self._local_norm_handles, self._forward_handle = [], [], None
 
     def _close_at_exit(self) -> None:
         # An uncaught exception was printed (PyErr_Print sets sys.last_value) before atexit runs.
@@ -342,18 +352,29 @@ class Probe:
         if not self.disabled:
             self._auto_losses.append(loss.detach())
 
-    def _on_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _on_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         # Inside DDP's forward, after it broadcast rank 0's buffers: the moment buffers must match.
-        if not self.disabled and not (self._canary is not None and self._canary.running):
-            self._guard(self._measure_forward_start, module, args, kwargs)
+        if self._measuring and self._buffer_fp is None and self._watching_forward():
+            self._guard(self._measure_buffers, module)
 
-    def _measure_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self._measuring and self._buffer_fp is None:
-            if self._detailed or self._buffers is None:  # listing them walks every module
-                self._buffers = [b for b in module.buffers() if b.is_floating_point()]
-            buffers = self._buffers
-            self._buffer_fp = combine(fingerprints(buffers, cache=self._views, kind="buffer")) if buffers else None
-        if self._measuring and not self._data_fps and torch.is_grad_enabled():
+    def _on_forward_end(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], _out: Any
+    ) -> None:
+        # The input is read after the forward: torch's global forward-start hook sees no keywords.
+        if self._measuring and torch.is_grad_enabled() and self._watching_forward():
+            self._guard(self._measure_input, args, kwargs)
+
+    def _watching_forward(self) -> bool:
+        return not self.disabled and not (self._canary is not None and self._canary.running)
+
+    def _measure_buffers(self, module: torch.nn.Module) -> None:
+        if self._detailed or self._buffers is None:  # listing them walks every module
+            self._buffers = [b for b in module.buffers() if b.is_floating_point()]
+        buffers = self._buffers
+        self._buffer_fp = combine(fingerprints(buffers, cache=self._views, kind="buffer")) if buffers else None
+
+    def _measure_input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not self._data_fps:
             # The input itself identifies the batch when the script reports no ids (at
             # check steps only: the hash reads every byte, and two ranks fed the same
             # batches are fed them at every step). A forward without grad (an
@@ -362,21 +383,17 @@ class Probe:
             if x is not None:
                 self._input_fps.append(ids_fingerprint(x))
                 self._input_samples += int(x.shape[0]) if x.dim() else 1
-        if self._canary is not None and self._measuring and torch.is_grad_enabled():
+        if self._canary is not None:
             self._canary.build(args, kwargs)  # once: the first training forward's structure
 
-    def _activation_hook(self, name: str) -> Callable[..., None]:
-        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-            every = self.activations_every or 0
-            if self._canary is not None and self._canary.running:
-                return
-            if every and (self.step + 1) % every == 0 and isinstance(output, torch.Tensor):
-                o = output.detach().float()
-                self._acts.append(
-                    {"name": name, "mean": o.mean().item(), "std": o.std().item() if o.numel() > 1 else 0.0}
-                )
-
-        return hook
+    def _on_activation(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        every = self.activations_every or 0
+        if self._canary is not None and self._canary.running:
+            return
+        if every and (self.step + 1) % every == 0 and isinstance(output, torch.Tensor):
+            o = output.detach().float()
+            name = self._activation_names.get(id(module), type(module).__name__)
+            self._acts.append({"name": name, "mean": o.mean().item(), "std": o.std().item() if o.numel() > 1 else 0.0})
 
     def _after_step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.disabled:
@@ -618,8 +635,16 @@ class Probe:
             self._disable(exc)
             return None
 
-    def _disable(self, exc: Exception) -> None:
+    def _disable(self, exc: BaseException) -> None:
+        """Stop for the rest of the run on this rank, saying so once, in the records (what
+        is lost: every step after this one) and on stderr. Training goes on untouched."""
+        if self.disabled:
+            return
         self.disabled = True
+        if self._forward_handle is not None:  # the other hooks stay registered, as no-ops:
+            self._forward_handle.remove()  # torch may be iterating over them right now
+            self._forward_handle = None
+        what = f"{type(exc).__name__}: {exc}"[:500]
         try:
             self.writer.write(
                 contract.KIND_EVENT,
@@ -627,9 +652,16 @@ class Probe:
                 t=time.time(),
                 step=self.step,
                 event="exception",
-                message=f"probe disabled: {type(exc).__name__}: {exc}",
+                message=f"probe disabled: {what}; nothing recorded on this rank after step {self.step}",
             )
-            print(f"syncdoctor: probe disabled on rank {self.rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        except Exception:
+            pass
+        try:
+            print(
+                f"syncdoctor: probe disabled on rank {self.rank} after step {self.step} "
+                f"(training goes on unwatched): {what}",
+                file=sys.stderr,
+            )
         except Exception:
             pass
 
