@@ -24,7 +24,6 @@ import functools
 import gc
 import inspect
 import os
-import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from syncdoctor.probe import boot, core, variants
+from syncdoctor.probe import boot, core, safety, variants
 
 MAX_TRACKED = 16  # loaders / loss modules remembered for the snapshot
 _state: dict[str, Any] = {"installed": False, "pg_timeout_s": None, "backward_calls": 0, "pending_losses": []}
@@ -40,19 +39,22 @@ _loaders: list[weakref.ref[Any]] = []
 _loss_modules: list[weakref.ref[Any]] = []
 
 
+def _stand_down(exc: BaseException) -> None:
+    """A patch failed: the probe stands down on this rank for the rest of the run (each
+    probe says so once, in its records and on stderr); the patches call the originals only."""
+    _state["stood_down"] = True
+    if not core._active:
+        safety.say(f"syncdoctor: probe off on this process (training goes on unwatched): {type(exc).__name__}: {exc}")
+    for probe in list(core._active):
+        probe._disable(exc)
+
+
 def _safe(fn: Callable[..., Any], *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except Exception as exc:  # the probe must never change what the program does
-        try:
-            print(f"syncdoctor: probe error ignored: {type(exc).__name__}: {exc}", file=sys.stderr)
-        except Exception:
-            pass
-        return None
+    return safety.safe(fn, *args, on_error=_stand_down)
 
 
 def _is_rank() -> bool:
-    if boot.is_helper():
+    if boot.is_helper() or _state.get("stood_down"):
         return False
     return (dist.is_available() and dist.is_initialized()) or boot.launcher_rank() is not None
 
@@ -189,10 +191,7 @@ def _probe_before_first_backward(loss: torch.Tensor) -> bool:
 def _discard(probe: core.Probe) -> None:
     """Drop a probe created at the first backward that turned out to watch another
     model than the one the first optimizer step updates (it has written nothing)."""
-    for handle in [*probe._handles, *probe._local_norm_handles, probe._forward_handle]:
-        if handle is not None:
-            handle.remove()
-    probe._local_norm_handles = []
+    probe.remove_hooks()
     probe.closed = True
     probe.writer.close()
     if probe in core._active:
@@ -246,7 +245,7 @@ def _before_any_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -
 
 
 def _on_any_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    probe, bound_now = _probe_for_optimizer(optimizer, create=True)
+    probe, bound_now = _safe(_probe_for_optimizer, optimizer, True) or (None, False)
     if probe is not None and bound_now:
         # The optimizer's own post-hooks ran before this global one; from the next step on
         # the probe's hook (registered at binding) records each step.

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from syncdoctor import settings
-from syncdoctor.probe import precision
+from syncdoctor.probe import precision, safety
 from syncdoctor.probe.evidence import LAST_LOSSES, dump_evidence
 from syncdoctor.probe.fingerprint_np import array_fingerprint, combine, ids_fingerprint
 from syncdoctor.probe.snapshot_common import build_common_snapshot, public_scalars
@@ -242,7 +242,23 @@ class MindSporeProbe:
                 self._mode_cells = [c for _, c in network.cells_and_names()]
             self._snapshot(dataset, grad_reducer, loss_scaler, global_batch, extra or {}, init_param_fp)
         except Exception as exc:
-            self._event("exception", f"probe start failed: {exc!r}")
+            self.disable(exc)
+
+    def disable(self, exc: BaseException) -> None:
+        """Stop for the rest of the run on this rank, saying so once, in the records (what
+        is lost: every step after this one) and on stderr. Training goes on untouched."""
+        if not self.enabled:
+            return
+        self.enabled = False
+        what = f"{type(exc).__name__}: {exc}"[:500]
+        rank = getattr(self, "rank", 0)
+        try:
+            self._event("exception", f"probe disabled: {what}; nothing recorded on this rank after step {self.step}")
+        except Exception:
+            pass
+        safety.say(
+            f"syncdoctor: probe disabled on rank {rank} after step {self.step} (training goes on unwatched): {what}"
+        )
 
     # -- records -------------------------------------------------------------------
     def _event(self, event: str, message: str) -> None:
@@ -365,7 +381,7 @@ class MindSporeProbe:
         except SyncMismatchError:
             raise  # on_mismatch="raise": stopping the training is what the user asked for
         except Exception as exc:  # never let the probe stop training
-            self._event("exception", f"probe step failed: {exc!r}")
+            self.disable(exc)
         stop_after = settings.stop_after_from_env()
         if stop_after is not None and self.step >= stop_after:  # `syncdoctor experiment --steps N`
             self.close("ok", settings.STOPPED_MESSAGE.format(step=self.step, env=settings.STOP_AFTER_ENV))

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from syncdoctor.probe import safety
 from syncdoctor.probe.fingerprint_np import array_fingerprint, combine
 from syncdoctor.settings import CHECK_EVERY_ENV, DEFAULT_CHECK_EVERY, ON_MISMATCH_ENV, RUN_DIR_ENV
 
@@ -51,15 +52,18 @@ FIX_LINE = (
 )
 
 
+def _stand_down(exc: BaseException) -> None:
+    """A patch failed: the probe stands down on this rank for the rest of the run (the
+    probe says so once, in its records and on stderr); the patches call the originals only."""
+    W.stood_down = True
+    if W.probe is None:
+        safety.say(f"syncdoctor: probe off on this process (training goes on unwatched): {type(exc).__name__}: {exc}")
+    else:
+        W.probe.disable(exc)
+
+
 def _safe(fn: Any, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except Exception as exc:  # the probe must never change what training does
-        try:
-            print(f"syncdoctor: probe error ignored: {type(exc).__name__}: {exc}", file=sys.stderr)
-        except Exception:
-            pass
-        return None
+    return safety.safe(fn, *args, on_error=_stand_down)
 
 
 def _scalar(value: Any) -> Any:
@@ -112,6 +116,7 @@ class _Watch:
         self.start_failed = False
         self.need_init = False  # an optimizer was built and nothing has run since
         self.model_train_seen = False
+        self.stood_down = False  # a patch failed: the patches call the originals only
 
 
 W = _Watch()
@@ -451,7 +456,8 @@ def _then(hook: Callable[[Any, Any], None]) -> Callable[[Any], Any]:
     def make(original: Any) -> Any:
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             out = original(self, *args, **kwargs)
-            _safe(hook, self, out)
+            if not W.stood_down:
+                _safe(hook, self, out)
             return out
 
         return wrapper
@@ -466,6 +472,8 @@ def _outer_call(kind: str, inner: Callable[[Any, tuple[Any, ...], Any], None] | 
 
     def make(original: Any) -> Any:
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if W.stood_down:
+                return original(self, *args, **kwargs)
             if W.need_init and not W.depth:
                 _safe(take_init)
             W.depth += 1

@@ -48,6 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from syncdoctor import settings
+from syncdoctor.probe import safety
 
 SEED = 20_261_130  # the one constant every rank's random generators start from
 AGREE_WAIT_S = 60.0  # the most a rank waits for the others at a point they all reach
@@ -113,13 +114,14 @@ def variant() -> str | None:
     return _status.name if _status is not None else None
 
 
-def _safe(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    try:
-        return fn(*args, **kwargs)
-    except Exception as exc:  # a variant must never change what the program does beyond itself
-        if _status is not None:
-            _status.fail(f"{type(exc).__name__}: {exc}"[:300])
-        return None
+def _variant_failed(exc: BaseException) -> None:
+    if _status is not None:
+        _status.fail(f"{type(exc).__name__}: {exc}"[:300])
+
+
+def _safe(fn: Callable[..., Any], *args: Any) -> Any:
+    """A variant must never change what the program does beyond itself: a failure marks it failed."""
+    return safety.safe(fn, *args, on_error=_variant_failed)
 
 
 def _is_helper() -> bool:
@@ -647,14 +649,18 @@ def _modes_first(module: Any) -> None:
     target = [c == "1" for c in wanted]
     differed = sum(m.training != t for m, t in zip(modules, target, strict=True))
 
-    def reapply(_module: Any, _args: Any) -> None:
-        if torch.is_grad_enabled():
+    def reapply(called: Any, _args: Any) -> None:
+        if called is module and torch.is_grad_enabled():
             for m, t in zip(modules, target, strict=True):
                 if m.training != t:
                     m.training = t
 
     reapply(module, ())
-    module.register_forward_pre_hook(reapply)
+    # A global hook, not one on the module: a copy or a pickle of the user's module
+    # must not carry this closure along (probe/hooks.py).
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    register_module_forward_pre_hook(reapply)
     _status.changed = differed
     _status.ok(
         f"rank 0's train/eval flags of {len(modules)} modules of {type(module).__name__} "

@@ -1,0 +1,44 @@
+"""The one fence between the probe and the program it watches (framework-free).
+
+Every patch and hook the probe puts into a user's process runs its own work through
+`safe`: an exception there never reaches the user's code. What happens next is the
+caller's policy (`on_error`): the zero-code patches stand the probe down for the rest
+of the run on that rank, an experiment variant marks itself failed. Without a policy
+the error is said once on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from syncdoctor.settings import SyncMismatchError
+
+
+def say(line: str) -> None:
+    """One line on stderr; a closed or broken stderr is no reason to fail."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except Exception:
+        pass
+
+
+def _say_error(exc: BaseException) -> None:
+    say(f"syncdoctor: probe error ignored: {type(exc).__name__}: {exc}")
+
+
+def safe(fn: Callable[..., Any], *args: Any, on_error: Callable[[BaseException], Any] | None = None) -> Any:
+    """`fn(*args)`, or None if it raised; `on_error(exc)` is told (and cannot raise either).
+    The one exception let through is SyncMismatchError: raised only under
+    on_mismatch="raise", where stopping the training is what the user asked for."""
+    try:
+        return fn(*args)
+    except SyncMismatchError:
+        raise
+    except Exception as exc:  # the probe must never change what the program does
+        try:
+            (on_error or _say_error)(exc)
+        except Exception:
+            pass
+        return None
