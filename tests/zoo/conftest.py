@@ -61,6 +61,7 @@ class ZooRun:
     diagnosis: dict[str, Any] | None = None
     diagnose_code: int | None = None
     aborted_at_exit: int = 0  # runs before this one that finished training, then hit EXIT_ABORT
+    ops: dict[int, dict[str, dict[str, str]]] | None = None  # rank -> moment -> operation -> outcome (user_ops)
 
     @property
     def top(self) -> dict[str, Any] | None:
@@ -177,12 +178,15 @@ def launch(root: Path, program: str, bug: str, mode: str) -> ZooRun:
     if saved.exists():
         data = json.loads(saved.read_text())
         data["finals"] = {int(k): v for k, v in data["finals"].items()}
+        data["ops"] = {int(k): v for k, v in (data.get("ops") or {}).items()}
         return ZooRun(**{**data, "folder": Path(data["folder"])})  # diagnosed again: the doctor may have changed
     out.mkdir(parents=True, exist_ok=True)
     final = out / "final"
     args = ["--steps", str(STEPS), "--final-dir", str(final)]
     if bug:
         args += ["--bug", bug]
+    else:  # the healthy runs: what users do to their objects, with and without the probe
+        args += ["--ops-dir", str(final)]
     folder = out / "probe"
     if mode == "attach":
         args += ["--syncdoctor", str(folder), "--check-every", str(CHECK_EVERY)]
@@ -193,6 +197,7 @@ def launch(root: Path, program: str, bug: str, mode: str) -> ZooRun:
     while True:
         code, seconds, cpu_s = _run(command, out / "output.log")
         finals = {int(f.stem.removeprefix("final")): f.read_text().strip() for f in final.glob("final*.sha256")}
+        ops = {int(f.stem.removeprefix("ops")): json.loads(f.read_text()) for f in final.glob("ops*.json")}
         output = (out / "output.log").read_text(errors="replace")
         # Run again, once, only what torch's exit race ended after every rank had
         # finished training and saved its weights: a crash of the probe or of the
@@ -216,6 +221,7 @@ def launch(root: Path, program: str, bug: str, mode: str) -> ZooRun:
         output[-4000:],
         cpu_s,
         aborted_at_exit=aborted_at_exit,
+        ops=ops,
     )
     if os.environ.get("SYNCDOCTOR_ZOO_DIR"):
         kept = {**run.__dict__, "folder": str(folder), "diagnosis": None, "diagnose_code": None}

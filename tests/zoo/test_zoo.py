@@ -65,6 +65,28 @@ def test_probe_changes_nothing(zoo, program: str) -> None:
     assert attach.finals == plain.finals
 
 
+@pytest.mark.parametrize("program", list(PROGRAMS))
+def test_probe_is_invisible_to_the_users_objects(zoo, program: str) -> None:
+    """deepcopy, torch.save, pickle, state_dict loads, traversals, repr, fx, TorchScript
+    and torch.compile (programs/user_ops.py) on the user's module, wrapper and optimizer,
+    right after they are built, after the first step and right before a check step:
+    every outcome (exception or digests of bytes and outputs) is the same with the
+    probe, zero-code and attached, as without it."""
+    plain = zoo(program, "", "plain")
+    assert plain.ops is not None and sorted(plain.ops) == [0, 1], plain.output
+    assert all(sorted(moments) == ["built", "check", "step1"] for moments in plain.ops.values())
+    for mode in ("zero", "attach"):
+        probed = zoo(program, "", mode)
+        differs = [
+            f"rank {rank} {moment} {op}: plain {outcome!r}, {mode} {probed.ops.get(rank, {}).get(moment, {}).get(op)!r}"
+            for rank, moments in plain.ops.items()
+            for moment, outcomes in moments.items()
+            for op, outcome in outcomes.items()
+            if (probed.ops or {}).get(rank, {}).get(moment, {}).get(op) != outcome
+        ]
+        assert not differs, "\n".join(differs)
+
+
 @pytest.mark.parametrize(("program", "bug"), [key for key in SCENARIOS if key[1]])
 def test_bug_really_changes_training(zoo, program: str, bug: str) -> None:
     """Each faulty twin trains differently from the healthy program (final weights of

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
+from user_ops import record, user_moment
 from zoo_data import digits_images, save_final
 
 DECAY_AT = 10  # lr_main_only: the decay happens after this step
@@ -49,6 +50,7 @@ def main() -> None:
     p.add_argument("--syncdoctor", metavar="DIR")
     p.add_argument("--check-every", type=int, default=5)
     p.add_argument("--final-dir")
+    p.add_argument("--ops-dir", help="run user_ops at three moments, outcomes here")
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -56,7 +58,8 @@ def main() -> None:
     set_seed(0)
     model = build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    loader = DataLoader(digits_images(), batch_size=32, shuffle=True, drop_last=True)
+    dataset = digits_images()
+    loader = DataLoader(dataset, batch_size=32, shuffle=True, drop_last=True)
     if args.bug == "unprepared_loader":
         model, optimizer = accelerator.prepare(model, optimizer)
     elif args.bug == "unprepared_model":
@@ -68,6 +71,9 @@ def main() -> None:
         import syncdoctor
 
         probe = syncdoctor.attach(model, optimizer, run_dir=args.syncdoctor, check_every=args.check_every)
+    example = torch.stack([dataset[i][0] for i in range(2)])
+    rank = accelerator.process_index
+    record(args.ops_dir, rank, "built", accelerator.unwrap_model(model), model, optimizer, example)
 
     model.train()
     step = 0
@@ -80,6 +86,8 @@ def main() -> None:
             optimizer.step()
             optimizer.zero_grad()
             step += 1
+            if moment := user_moment(step, args.check_every):
+                record(args.ops_dir, rank, moment, accelerator.unwrap_model(model), model, optimizer, example)
             if step == DECAY_AT and args.bug == "lr_main_only" and accelerator.is_main_process:
                 for group in optimizer.param_groups:
                     group["lr"] *= 0.1

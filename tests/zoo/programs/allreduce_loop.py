@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
+from user_ops import record, user_moment
 from zoo_data import digits_images, save_final
 
 SPIKE = 1.01  # skip_spike: skip the update when the loss rose by more than this factor
@@ -50,6 +51,7 @@ def main() -> None:
     p.add_argument("--syncdoctor", metavar="DIR")
     p.add_argument("--check-every", type=int, default=5)
     p.add_argument("--final-dir")
+    p.add_argument("--ops-dir", help="run user_ops at three moments, outcomes here")
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -69,6 +71,8 @@ def main() -> None:
         probe = syncdoctor.attach(
             model, optimizer, run_dir=args.syncdoctor, check_every=args.check_every, loader=loader
         )
+    example = torch.stack([dataset[i][0] for i in range(2)])
+    record(args.ops_dir, rank, "built", model, None, optimizer, example)
 
     step, epoch, previous = 0, 0, float("inf")
     while step < args.steps:
@@ -88,6 +92,8 @@ def main() -> None:
             else:
                 optimizer.step()
             print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
+            if moment := user_moment(step, args.check_every):
+                record(args.ops_dir, rank, moment, model, None, optimizer, example)
             if step >= args.steps:
                 break
         epoch += 1

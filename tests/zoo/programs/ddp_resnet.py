@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
+from user_ops import record, user_moment
 from zoo_data import digits_images, save_final
 
 EVAL_AFTER = 7  # eval_rank0: rank 0 evaluates after this step
@@ -84,6 +85,7 @@ def main() -> None:
     p.add_argument("--syncdoctor", metavar="DIR")
     p.add_argument("--check-every", type=int, default=5)
     p.add_argument("--final-dir")
+    p.add_argument("--ops-dir", help="run user_ops at three moments, outcomes here")
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -110,6 +112,8 @@ def main() -> None:
         probe = syncdoctor.attach(
             model, optimizer, run_dir=args.syncdoctor, check_every=args.check_every, loss_fn=criterion, loader=loader
         )
+    example = torch.stack([dataset[i][0] for i in range(2)])
+    record(args.ops_dir, rank, "built", model.module, model, optimizer, example)
 
     step, epoch = 0, 0
     model.train()
@@ -124,6 +128,8 @@ def main() -> None:
                 probe.loss(loss)
             optimizer.step()
             step += 1
+            if moment := user_moment(step, args.check_every):
+                record(args.ops_dir, rank, moment, model.module, model, optimizer, example)
             if rank == 0:
                 print(f"Epoch: [{epoch}][{step}] Loss {loss.item():.4f}", flush=True)
             if args.bug == "eval_rank0" and rank == 0 and step == EVAL_AFTER:

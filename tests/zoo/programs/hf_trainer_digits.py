@@ -32,9 +32,11 @@ from transformers import (
     BertConfig,
     BertForSequenceClassification,
     Trainer,
+    TrainerCallback,
     TrainingArguments,
     set_seed,
 )
+from user_ops import record, user_moment
 from zoo_data import DigitTokens, save_final
 
 
@@ -50,6 +52,26 @@ class OwnLoaderTrainer(Trainer):
         )
 
 
+class UserOps(TrainerCallback):
+    """user_ops at the start of training and after steps, as a user's callback would."""
+
+    def __init__(self, ops_dir: str, check_every: int) -> None:
+        self.ops_dir, self.check_every, self.trainer = ops_dir, check_every, None
+        tokens = DigitTokens()
+        self.example = {k: torch.stack([tokens[i][k] for i in range(2)]) for k in ("input_ids", "attention_mask")}
+
+    def _record(self, moment: str, model, optimizer) -> None:
+        wrapper = self.trainer.model_wrapped if self.trainer is not None else None
+        record(self.ops_dir, int(os.environ.get("RANK", "0")), moment, model, wrapper, optimizer, self.example)
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        self._record("built", model, optimizer)
+
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if moment := user_moment(state.global_step, self.check_every):
+            self._record(moment, model, optimizer)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=20)
@@ -57,6 +79,7 @@ def main() -> None:
     p.add_argument("--syncdoctor", metavar="DIR")
     p.add_argument("--check-every", type=int, default=5)
     p.add_argument("--final-dir")
+    p.add_argument("--ops-dir", help="run user_ops at three moments, outcomes here")
     p.add_argument("--output-dir", default=None)
     args = p.parse_args()
 
@@ -98,7 +121,12 @@ def main() -> None:
 
         callbacks.append(SyncDoctorTrainerCallback(args.syncdoctor, check_every=args.check_every))
     trainer_class = OwnLoaderTrainer if args.bug == "own_loader" else Trainer
+    if args.ops_dir:
+        callbacks.append(UserOps(args.ops_dir, args.check_every))
     trainer = trainer_class(model=model, args=training_args, train_dataset=DigitTokens(), callbacks=callbacks)
+    for callback in callbacks:
+        if isinstance(callback, UserOps):
+            callback.trainer = trainer
     trainer.train()
     save_final(args.final_dir, trainer.args.process_index, model.state_dict())
 

@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader
+from user_ops import record, user_moment
 from zoo_data import digits_images, save_final
 
 PREVIEW_AT = 8  # the eval_rank0 preview runs after this step
@@ -59,6 +60,14 @@ class DigitClassifier(L.LightningModule):
     def on_train_start(self) -> None:
         if self.hparams.bug == "lr_rank0":
             self.apply_tuned_lr()
+        self.user_ops("built")
+
+    def user_ops(self, moment: str) -> None:
+        ops_dir = getattr(self, "ops_dir", None)
+        if ops_dir:
+            example = torch.stack([digits_images()[i][0] for i in range(2)])
+            trainer = self.trainer
+            record(ops_dir, trainer.global_rank, moment, self, trainer.strategy.model, trainer.optimizers[0], example)
 
     @rank_zero_only
     def apply_tuned_lr(self) -> None:
@@ -66,6 +75,8 @@ class DigitClassifier(L.LightningModule):
             group["lr"] = self.hparams.tuned_lr
 
     def on_train_batch_end(self, outputs: object, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        if moment := user_moment(self.global_step, getattr(self, "check_every", 5)):
+            self.user_ops(moment)
         if self.hparams.bug == "eval_rank0" and self.global_step == PREVIEW_AT:
             self.preview(batch[0][:4])
 
@@ -86,6 +97,7 @@ def main() -> None:
     p.add_argument("--syncdoctor", metavar="DIR")
     p.add_argument("--check-every", type=int, default=5)
     p.add_argument("--final-dir")
+    p.add_argument("--ops-dir", help="run user_ops at three moments, outcomes here")
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -110,6 +122,7 @@ def main() -> None:
         callbacks=callbacks,
     )
     model = DigitClassifier(bug=args.bug)
+    model.ops_dir, model.check_every = args.ops_dir, args.check_every
     trainer.fit(model, loader)
     save_final(args.final_dir, trainer.global_rank, model.state_dict())
 
