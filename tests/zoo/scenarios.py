@@ -45,6 +45,7 @@ PROGRAMS = {
         Program("accelerate", "accelerate_digits.py", "accelerate", "accelerate (plain loop)"),
         Program("ddp-resnet", "ddp_resnet.py", "torchrun", "hand-written DDP (ResNet)"),
         Program("allreduce", "allreduce_loop.py", "torchrun", "hand-written all-reduce loop"),
+        Program("fsdp2", "fsdp2_digits.py", "torchrun", "FSDP2 fully_shard (1-D mesh)"),
     )
 }
 
@@ -55,6 +56,7 @@ K = CHECK_EVERY
 LH = "https://github.com/Lightning-AI/pytorch-lightning"
 SCENARIOS: dict[tuple[str, str], Expected] = {
     ("lightning", ""): HEALTHY,
+    ("fsdp2", ""): HEALTHY,
     ("lightning", "no_dist_sampler"): Expected(
         "sync_problem",
         "data.sharding",

@@ -40,6 +40,41 @@ def _digest(data: bytes | str) -> str:
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:16]
 
 
+def _content(obj: Any) -> str:
+    """A digest of what a (loaded) state holds: names, dtypes, shapes and the bytes of
+    every tensor (a DTensor's local shard), in order, and the repr of everything else."""
+    h = hashlib.sha256()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for key in value:
+                h.update(repr(key).encode())
+                walk(value[key])
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+        elif isinstance(value, torch.Tensor):
+            local = value.to_local() if hasattr(value, "to_local") else value
+            h.update(f"{local.dtype}{tuple(local.shape)}".encode())
+            h.update(local.detach().contiguous().numpy().tobytes())
+        else:
+            h.update(repr(value).encode())
+
+    walk(obj)
+    return h.hexdigest()[:16]
+
+
+def _state_outcome(state: Any) -> str:
+    """A saved state's bytes, and the content it loads back to. A DTensor state's bytes
+    hold its mesh's per-process hash, different in every process, probe or not: there
+    the content alone is compared."""
+    data = _saved(state)
+    content = _content(_load(data))
+    if b"DTensor" in data:
+        return f"content={content}"
+    return f"bytes={_digest(data)} content={content}"
+
+
 def _saved(obj: Any) -> bytes:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
@@ -72,7 +107,7 @@ def _copy_outcome(made: torch.nn.Module, example: Any) -> str:
     its output on the program's fixed input."""
     made.eval()
     out = _forward(made, example)
-    return f"state={_digest(_saved(made.state_dict()))} hooks={_hooks(made)} out={_digest(out.numpy().tobytes())}"
+    return f"state={_content(made.state_dict())} hooks={_hooks(made)} out={_digest(out.numpy().tobytes())}"
 
 
 def _probe_refs(data: bytes) -> str:
@@ -96,7 +131,7 @@ def _operations(module: torch.nn.Module, wrapper: Any, optimizer: Any, example: 
         return "no wrapper" if inner is None else _copy_outcome(copy.deepcopy(inner), example)
 
     def deepcopy_optimizer() -> str:
-        return _digest(_saved(copy.deepcopy(optimizer).state_dict()))
+        return _state_outcome(copy.deepcopy(optimizer).state_dict())
 
     def save_module() -> str:
         data = _saved(module)
@@ -107,11 +142,11 @@ def _operations(module: torch.nn.Module, wrapper: Any, optimizer: Any, example: 
         return f"{_probe_refs(data)} loaded: {_copy_outcome(pickle.loads(data), example)}"
 
     def save_state_dicts() -> str:
-        return f"model={_digest(_saved(module.state_dict()))} optimizer={_digest(_saved(optimizer.state_dict()))}"
+        return f"model {_state_outcome(module.state_dict())} optimizer {_state_outcome(optimizer.state_dict())}"
 
     def pickle_state_dicts() -> str:
         model, state = (pickle.loads(pickle.dumps(s)) for s in (module.state_dict(), optimizer.state_dict()))
-        return f"model={_digest(_saved(model))} optimizer={_digest(_saved(state))}"
+        return f"model={_content(model)} optimizer={_content(state)}"
 
     def load_state_dicts() -> str:
         result = module.load_state_dict(module.state_dict())
