@@ -46,10 +46,18 @@ def run_dir_entry(out: Path) -> str:
     return f"SYNCDOCTOR_RUN_DIR={out}"
 
 
-def zero_code_run(out: Path, env: dict[str, str], script: Path = HERE / "user_train.py") -> dict[str, Any]:
-    """`syncdoctor run --out OUT -- msrun ... SCRIPT`, as a user types it; msrun's own
-    logs go beside OUT, as they would in the user's working directory. Bounded: SIGINT to
-    the whole group at BOUND_S (SIGTERM would orphan msrun's workers), then SIGKILL."""
+def ops_dir(out: Path) -> Path:
+    """Where a job's user_ops outcomes go (OPS=1), beside its run folder."""
+    return out.with_name(out.name + "-ops")
+
+
+def zero_code_run(
+    out: Path, env: dict[str, str], script: Path = HERE / "user_train.py", probe: bool = True
+) -> dict[str, Any]:
+    """`syncdoctor run --out OUT -- msrun ... SCRIPT`, as a user types it (probe=False:
+    the msrun command alone); msrun's own logs go beside OUT, as they would in the
+    user's working directory. Bounded: SIGINT to the whole group at BOUND_S (SIGTERM
+    would orphan msrun's workers), then SIGKILL."""
     import signal
     import time
 
@@ -66,14 +74,14 @@ def zero_code_run(out: Path, env: dict[str, str], script: Path = HERE / "user_tr
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         "OMP_NUM_THREADS": "1",
         "GLOG_v": "2",
+        # What marks every process of this job, for the sweep below (set, not read, without the probe).
+        "SYNCDOCTOR_RUN_DIR": str(out),
     }
+    if child_env.pop("OPS", None):
+        child_env["OPS_DIR"] = str(ops_dir(out))
     msrun_logs = out.with_name(out.name + "-msrun")
     cmd = [
-        str(bin_dir / "syncdoctor"),
-        "run",
-        "--out",
-        str(out),
-        "--",
+        *([str(bin_dir / "syncdoctor"), "run", "--out", str(out), "--"] if probe else []),
         str(bin_dir / "msrun"),
         "--worker_num=2",
         "--local_worker_num=2",
@@ -146,6 +154,13 @@ for _style in ("model", "cell", "functional"):
 for _style in ("cell-graph", "jit"):  # GRAPH mode and a jitted step: the baseline, and the three faults at once
     ZERO_CODE[f"zc-{_style}-clean"] = {"STYLE": _style}
     ZERO_CODE[f"zc-{_style}-three"] = {"STYLE": _style, **UNSEEDED, **SUMMED, **EVAL_RANK_1}
+# The clean jobs also run user_ops.py's operations; each has a twin without the probe.
+OPS_STYLES = ("model", "cell", "functional", "cell-graph", "jit")
+for _style in OPS_STYLES:
+    ZERO_CODE[f"zc-{_style}-clean"]["OPS"] = "1"
+PLAIN = {
+    f"plain-{style}-clean": {"STYLE": style, "OPS": "1"} for style in OPS_STYLES
+}  # no name a prefix of another: the sweep matches by folder
 
 # The lab (lab/train_mindspore.py, probe attached zero-code by the runner): each fault the
 # zero-code jobs above do not already prove, once; two of them in the cell and model
@@ -194,5 +209,7 @@ def ms_jobs(tmp_path_factory: pytest.TempPathFactory):
         jobs.define(name, functools.partial(lab_run, name))
     for name, env in ZERO_CODE.items():
         jobs.define(name, functools.partial(zero_code_run, env=env))
+    for name, env in PLAIN.items():
+        jobs.define(name, functools.partial(zero_code_run, env=env, probe=False))
     yield jobs
     jobs.pool.shutdown(wait=True)

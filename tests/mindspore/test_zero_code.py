@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ZERO_CODE, run_dir_entry  # type: ignore[import-not-found]
+from conftest import OPS_STYLES, ZERO_CODE, ops_dir, run_dir_entry  # type: ignore[import-not-found]
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow, pytest.mark.timeout(3000)]
 
@@ -162,3 +162,28 @@ def test_probe_writes_the_record_contract(ms_jobs) -> None:
 
     runs = [Path(ms_jobs.get(name)["dir"]) for name in ("zc-model-clean", "zc-functional-clean", "zc-model-eval-rank")]
     check_probe_runs(runs, contract.MINDSPORE, MS_NOT_IN_THESE_RUNS)
+
+
+def _ops(run: dict[str, Any]) -> dict[int, dict[str, dict[str, str]]]:
+    folder = ops_dir(Path(run["dir"]))
+    return {int(p.stem[3:]): json.loads(p.read_text()) for p in sorted(folder.glob("ops*.json"))}
+
+
+@pytest.mark.parametrize("style", OPS_STYLES)
+def test_probe_is_invisible_to_the_users_objects(ms_jobs, style: str) -> None:
+    """Deep copies of the network and the optimizer, checkpoints saved, loaded and put
+    back, pickling, traversals and repr (tests/mindspore/user_ops.py), right after the
+    optimizer is built, after the first step and right before a check step: every
+    outcome is the same under `syncdoctor run` as without it."""
+    plain, probed = ms_jobs.get(f"plain-{style}-clean"), ms_jobs.get(f"zc-{style}-clean")
+    assert plain["returncode"] == probed["returncode"] == 0
+    expected, seen = _ops(plain), _ops(probed)
+    assert sorted(expected) == [0, 1] and all(sorted(m) == ["built", "check", "step1"] for m in expected.values())
+    differs = [
+        f"rank {rank} {moment} {op}: plain {outcome!r}, probe {seen.get(rank, {}).get(moment, {}).get(op)!r}"
+        for rank, moments in expected.items()
+        for moment, outcomes in moments.items()
+        for op, outcome in outcomes.items()
+        if seen.get(rank, {}).get(moment, {}).get(op) != outcome
+    ]
+    assert not differs, "\n".join(differs)

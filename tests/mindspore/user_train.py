@@ -9,6 +9,7 @@ STYLE (env): model       Model(net, loss, opt).train(...)
              jit         the whole step as one @ms.jit function
 SEED=0: no seed at all (replicas start apart); GRAD_MEAN=0: gradients_mean=False;
 EVAL_RANK=R: rank R leaves its network in eval mode (set_train(False)).
+OPS_DIR=DIR: user_ops.py's operations at three moments, their outcomes in DIR.
 """
 
 import os
@@ -19,6 +20,7 @@ import numpy as np
 from mindspore import nn
 from mindspore.communication import get_group_size, get_rank, init
 from mindspore.train import LossMonitor, Model
+from user_ops import record, user_moment
 
 style = os.environ.get("STYLE", "functional")
 seeded = os.environ.get("SEED", "1") != "0"
@@ -45,6 +47,20 @@ net = nn.SequentialCell(nn.Dense(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Drop
 loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9)
 epochs = 2
+check_every = int(os.environ.get("SYNCDOCTOR_CHECK_EVERY", "50"))
+# GRAPH mode here trains differently from run to run without any probe (two plain runs:
+# different weights at step 9): its parameters are compared by shape, not value.
+reproducible = style != "cell-graph"
+record(rank, "built", net, optimizer, reproducible)
+step = 0
+
+
+def after_step() -> None:
+    global step
+    step += 1
+    if moment := user_moment(step, check_every):
+        record(rank, moment, net, optimizer, reproducible)
+
 
 if style == "model":
 
@@ -54,6 +70,9 @@ if style == "model":
         def on_train_begin(self, run_context):
             if rank == eval_rank:
                 net.set_train(False)
+
+        def on_train_step_end(self, run_context):
+            after_step()
 
     model = Model(net, loss_fn=loss_fn, optimizer=optimizer)
     model.train(epochs, data, callbacks=[LeftInEval(), LossMonitor()], dataset_sink_mode=False)
@@ -66,6 +85,7 @@ elif style in ("cell", "cell-graph"):
     for epoch in range(epochs):
         for xb, yb in data.create_tuple_iterator():
             loss = train_net(xb, yb)
+            after_step()
         print(f"epoch: {epoch + 1}, loss is {float(loss.asnumpy()):.4f}", flush=True)
 
 else:
@@ -88,4 +108,5 @@ else:
     for epoch in range(epochs):
         for xb, yb in data.create_tuple_iterator():
             loss = train_step(xb, yb)
+            after_step()
         print(f"epoch: {epoch + 1}, loss is {float(loss.asnumpy()):.4f}", flush=True)
