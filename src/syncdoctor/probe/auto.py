@@ -40,13 +40,9 @@ _loss_modules: list[weakref.ref[Any]] = []
 
 
 def _stand_down(exc: BaseException) -> None:
-    """A patch failed: the probe stands down on this rank for the rest of the run (each
-    probe says so once, in its records and on stderr); the patches call the originals only."""
+    """A patch failed: the probe stands down on this rank; the patches call the originals only."""
     _state["stood_down"] = True
-    if not core._active:
-        safety.say(f"syncdoctor: probe off on this process (training goes on unwatched): {type(exc).__name__}: {exc}")
-    for probe in list(core._active):
-        probe._disable(exc)
+    safety.stand_down(exc, list(core._active))
 
 
 def _safe(fn: Callable[..., Any], *args: Any) -> Any:

@@ -31,12 +31,12 @@ import torch
 import torch.distributed as dist
 
 from syncdoctor import settings
-from syncdoctor.probe import precision, variants
+from syncdoctor.probe import precision, safety, variants
 from syncdoctor.probe.canary import Canary, CanaryUnavailable
 from syncdoctor.probe.check import CrossRankCheck, config_fingerprint, groups_fingerprint
 from syncdoctor.probe.evidence import LAST_LOSSES
 from syncdoctor.probe.fingerprint import ViewCache, combine, fingerprints, ids_fingerprint
-from syncdoctor.probe.hooks import ForwardWatch, watch_forward, weak_hook
+from syncdoctor.probe.hooks import ForwardWatch, weak_hook
 from syncdoctor.probe.mesh import layout_of, local_shard
 from syncdoctor.probe.snapshot import build_snapshot
 from syncdoctor.records import contract
@@ -237,7 +237,7 @@ class Probe:
             for i, child in enumerate(self.module.children()):
                 if i % self.activation_stride == 0:
                     self._activation_names[id(child)] = f"{i}:{type(child).__name__}"
-                    self._handles.append(watch_forward(child, post=self._on_activation))
+                    self._handles.append(ForwardWatch(child, post=self._on_activation))
         self._arm_local_norms()  # step 1 is measured in full
 
     def _arm_forward(self) -> None:
@@ -247,7 +247,7 @@ class Probe:
         user's module never reaches the probe."""
         wanted = self._measuring
         if wanted and self._forward_handle is None:
-            self._forward_handle = watch_forward(self.module, pre=self._on_forward_start, post=self._on_forward_end)
+            self._forward_handle = ForwardWatch(self.module, pre=self._on_forward_start, post=self._on_forward_end)
         elif not wanted and self._forward_handle is not None:
             self._forward_handle.remove()
             self._forward_handle = None
@@ -402,7 +402,7 @@ class Probe:
             except SyncMismatchError:
                 raise
             except Exception as exc:  # _guard's work, inline: this runs every step
-                self._disable(exc)
+                self.disable(exc)
         if self.stop_after is not None:
             self._updates_seen += 1  # counted here, so a probe disabled by an error still stops
             if self._updates_seen >= self.stop_after:
@@ -632,10 +632,10 @@ class Probe:
         except SyncMismatchError:
             raise
         except Exception as exc:  # never let a probe failure reach training
-            self._disable(exc)
+            self.disable(exc)
             return None
 
-    def _disable(self, exc: BaseException) -> None:
+    def disable(self, exc: BaseException) -> None:
         """Stop for the rest of the run on this rank, saying so once, in the records (what
         is lost: every step after this one) and on stderr. Training goes on untouched."""
         if self.disabled:
@@ -644,26 +644,14 @@ class Probe:
         if self._forward_handle is not None:  # the other hooks stay registered, as no-ops:
             self._forward_handle.remove()  # torch may be iterating over them right now
             self._forward_handle = None
-        what = f"{type(exc).__name__}: {exc}"[:500]
+        event, line = safety.disabled_lines(self.rank, self.step, exc)
         try:
             self.writer.write(
-                contract.KIND_EVENT,
-                rank=self.rank,
-                t=time.time(),
-                step=self.step,
-                event="exception",
-                message=f"probe disabled: {what}; nothing recorded on this rank after step {self.step}",
+                contract.KIND_EVENT, rank=self.rank, t=time.time(), step=self.step, event="exception", message=event
             )
         except Exception:
             pass
-        try:
-            print(
-                f"syncdoctor: probe disabled on rank {self.rank} after step {self.step} "
-                f"(training goes on unwatched): {what}",
-                file=sys.stderr,
-            )
-        except Exception:
-            pass
+        safety.say(line)
 
 
 def _model_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:

@@ -6,7 +6,7 @@ module travels with it: a forward hook that is a bound method of the probe drags
 probe, its DDP wrapper and its memory-mapped record file into the copy or the pickle,
 and the user's line fails (issue: the probe is invisible to the user's objects). So:
 
-- Module forward hooks are never registered on the module. `watch_forward` files the
+- Module forward hooks are never registered on the module. `ForwardWatch` files the
   module in this registry (weakly, by identity) and one of torch's global module hooks
   dispatches to it; the global hook exists only while something is watched, so a step
   with nothing watched keeps torch's hook-free call path. A copy of a watched module is
@@ -45,8 +45,8 @@ def _call(entries: list[tuple[weakref.ref[Any], weakref.WeakMethod[Any]]] | None
 
 def _fenced(method: Callable[..., Any], *args: Any) -> Any:
     """The probe's callbacks guard themselves; this is the last fence: what still escapes
-    disables the callback's owner (its `_disable`), and never reaches torch's caller."""
-    return safe(method, *args, on_error=getattr(getattr(method, "__self__", None), "_disable", None))
+    disables the callback's owner (its `disable`), and never reaches torch's caller."""
+    return safe(method, *args, on_error=getattr(getattr(method, "__self__", None), "disable", None))
 
 
 def _dispatch_pre(module: Any, args: tuple[Any, ...]) -> None:
@@ -75,7 +75,8 @@ def _sync_global_hooks() -> None:
 
 class ForwardWatch:
     """Callbacks at the start and the end of one module's forward, registered nowhere on
-    the module. `remove()` ends the watch (idempotent)."""
+    the module. `pre` and `post` must be bound methods: the watch holds their owner
+    weakly. `remove()` ends the watch (idempotent)."""
 
     def __init__(self, module: Any, pre: PreHook | None = None, post: PostHook | None = None) -> None:
         self._key = id(module)
@@ -96,11 +97,6 @@ class ForwardWatch:
                 table.pop(self._key, None)
         self._entries = []
         _sync_global_hooks()
-
-
-def watch_forward(module: Any, pre: PreHook | None = None, post: PostHook | None = None) -> ForwardWatch:
-    """`pre` and `post` must be bound methods: the watch holds their owner weakly."""
-    return ForwardWatch(module, pre, post)
 
 
 class _WeakHook:

@@ -250,15 +250,12 @@ class MindSporeProbe:
         if not self.enabled:
             return
         self.enabled = False
-        what = f"{type(exc).__name__}: {exc}"[:500]
-        rank = getattr(self, "rank", 0)
+        event, line = safety.disabled_lines(getattr(self, "rank", 0), self.step, exc)
         try:
-            self._event("exception", f"probe disabled: {what}; nothing recorded on this rank after step {self.step}")
+            self._event("exception", event)
         except Exception:
             pass
-        safety.say(
-            f"syncdoctor: probe disabled on rank {rank} after step {self.step} (training goes on unwatched): {what}"
-        )
+        safety.say(line)
 
     # -- records -------------------------------------------------------------------
     def _event(self, event: str, message: str) -> None:

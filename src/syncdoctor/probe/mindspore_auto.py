@@ -53,13 +53,9 @@ FIX_LINE = (
 
 
 def _stand_down(exc: BaseException) -> None:
-    """A patch failed: the probe stands down on this rank for the rest of the run (the
-    probe says so once, in its records and on stderr); the patches call the originals only."""
+    """A patch failed: the probe stands down on this rank; the patches call the originals only."""
     W.stood_down = True
-    if W.probe is None:
-        safety.say(f"syncdoctor: probe off on this process (training goes on unwatched): {type(exc).__name__}: {exc}")
-    else:
-        W.probe.disable(exc)
+    safety.stand_down(exc, [W.probe] if W.probe is not None else [])
 
 
 def _safe(fn: Any, *args: Any) -> Any:

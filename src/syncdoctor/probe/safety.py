@@ -42,3 +42,21 @@ def safe(fn: Callable[..., Any], *args: Any, on_error: Callable[[BaseException],
         except Exception:
             pass
         return None
+
+
+def stand_down(exc: BaseException, probes: list[Any]) -> None:
+    """A zero-code patch failed: each probe of this process stops for the rest of the run
+    (`probe.disable` says so once, in its records and on stderr); with none yet, one line."""
+    if not probes:
+        say(f"syncdoctor: probe off on this process (training goes on unwatched): {type(exc).__name__}: {exc}")
+    for probe in probes:
+        probe.disable(exc)
+
+
+def disabled_lines(rank: int, step: int, exc: BaseException) -> tuple[str, str]:
+    """(the record event's message, the stderr line) of a probe that stops at `step`."""
+    what = f"{type(exc).__name__}: {exc}"[:500]
+    return (
+        f"probe disabled: {what}; nothing recorded on this rank after step {step}",
+        f"syncdoctor: probe disabled on rank {rank} after step {step} (training goes on unwatched): {what}",
+    )
