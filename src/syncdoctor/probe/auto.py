@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from syncdoctor.probe import boot, core, safety, variants
+from syncdoctor.probe import boot, core, hooks, safety, variants
 
 MAX_TRACKED = 16  # loaders / loss modules remembered for the snapshot
 _state: dict[str, Any] = {"installed": False, "pg_timeout_s": None, "backward_calls": 0, "pending_losses": []}
@@ -124,7 +124,9 @@ class _ParamsView(torch.nn.Module):
 def _module_holding(wanted: set[int]) -> torch.nn.Module | None:
     """The root module that holds every parameter in `wanted` (ids), the smallest such
     (once per process, so a scan of live objects is affordable)."""
-    modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+    # type(), not isinstance(): isinstance reads `__class__`, which some module-level
+    # objects answer with a deprecation warning (torch.distributed.reduce_op).
+    modules = [o for o in gc.get_objects() if issubclass(type(o), torch.nn.Module)]
     children = {id(c) for m in modules for c in m.children()}
     best: tuple[int, int, torch.nn.Module] | None = None
     for module in modules:
@@ -330,7 +332,7 @@ def install() -> None:
 
     def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
-            result = original(*args, **kwargs)
+            result = safety.call_for_caller(original, *args, **kwargs)
             _safe(_after_init, args, kwargs, original)
             return result
 
@@ -340,7 +342,7 @@ def install() -> None:
         def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
             if not args and kwargs.get("group") is None:  # the whole job ends: the probe's group too
                 _safe(_close_all)
-            return original(*args, **kwargs)
+            return safety.call_for_caller(original, *args, **kwargs)
 
         return destroy_process_group
 
@@ -349,7 +351,7 @@ def install() -> None:
             if _is_rank():
                 _safe(variants.before_ddp, module)  # `syncdoctor experiment`'s broadcast variant: before DDP's own
             pre = _safe(_local_fp, module) if _is_rank() else None
-            original(self, module, *args, **kwargs)
+            safety.call_for_caller(original, self, module, *args, **kwargs)
             _safe(_attach_ddp, self, pre)
 
         return __init__
@@ -372,5 +374,6 @@ def install() -> None:
     _wrap(DataLoader, "__init__", _remember(_loaders))
     _wrap(_Loss, "__init__", _remember(_loss_modules))
     register_optimizer_step_pre_hook(lambda *a: _safe(_before_any_step, *a))
+    hooks.prepare_step_dispatch()  # before _on_any_step, which starts the probe's StepWatch
     register_optimizer_step_post_hook(_on_any_step)
     _safe(variants.install_torch)  # `syncdoctor experiment`: after the hooks above, so its own run after them

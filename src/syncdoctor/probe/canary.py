@@ -23,6 +23,7 @@ records why once.
 from __future__ import annotations
 
 import enum
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -97,11 +98,22 @@ def first_tensor(output: Any) -> torch.Tensor | None:
     return None
 
 
+def eager_module(module: torch.nn.Module) -> torch.nn.Module:
+    """The module `torch.compile` wrapped, for a compiled one; else `module`."""
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing was compiled
+    if dynamo is not None and isinstance(module, dynamo.OptimizedModule):
+        return module._orig_mod
+    return module
+
+
 class Canary:
     """The canary of one model: its input is built once, then `run` at detailed checks."""
 
     def __init__(self, module: torch.nn.Module) -> None:
-        self.module = module
+        # A compiled model's canary runs the module it compiled, eagerly: hooks on a
+        # compiled module's layers are traced into its graphs (graph breaks, recompiles,
+        # a spent recompile budget: the user's compiled model would change).
+        self.module = eager_module(module)
         self.args: tuple[Any, ...] | None = None
         self.kwargs: dict[str, Any] = {}
         self.sig = ""

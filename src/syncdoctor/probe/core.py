@@ -18,6 +18,7 @@ recorded event and disables the probe; only `on_mismatch="raise"` raises, by cho
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import math
 import os
@@ -36,7 +37,7 @@ from syncdoctor.probe.canary import Canary, CanaryUnavailable
 from syncdoctor.probe.check import CrossRankCheck, config_fingerprint, groups_fingerprint
 from syncdoctor.probe.evidence import LAST_LOSSES
 from syncdoctor.probe.fingerprint import ViewCache, combine, fingerprints, ids_fingerprint
-from syncdoctor.probe.hooks import ForwardWatch, weak_hook
+from syncdoctor.probe.hooks import ForwardWatch, GradWatch, StepWatch
 from syncdoctor.probe.mesh import layout_of, local_shard
 from syncdoctor.probe.snapshot import build_snapshot
 from syncdoctor.records import contract
@@ -56,6 +57,16 @@ def _ddp_class() -> type[torch.nn.parallel.DistributedDataParallel]:
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel
+
+
+def _ddp_holding(module: torch.nn.Module) -> Any:
+    """The live DDP wrapper of `module`, if one holds it (a scan of live objects, once
+    per probe, only where DDP is in use)."""
+    if "torch.nn.parallel.distributed" not in sys.modules or not (dist.is_available() and dist.is_initialized()):
+        return None
+    ddp = _ddp_class()
+    # type(), not isinstance(): see auto._module_holding (a deprecated object warns on __class__).
+    return next((o for o in gc.get_objects() if issubclass(type(o), ddp) and o.module is module), None)
 
 
 class Probe:
@@ -89,6 +100,10 @@ class Probe:
         self.world_size = dist.get_world_size() if self.distributed else int(os.environ.get("WORLD_SIZE", 1))
         self.model = model
         self.module: torch.nn.Module = model.module if isinstance(model, _ddp_class()) else model
+        # The DDP wrapper that calls the module, also where the user attached the inner
+        # module (a Trainer callback is handed the unwrapped model): the forward watch
+        # runs at its call, with no global hook (probe/hooks.py).
+        self._wrapper = model if model is not self.module else _ddp_holding(self.module)
         self.optimizer: torch.optim.Optimizer | None = None
         self.loss_fn, self.loader, self.global_batch = loss_fn, loader, global_batch
         self.baseline = baseline  # the single-card recipe (lr, batch_size), for the doctor
@@ -173,7 +188,7 @@ class Probe:
         return any(id(p) in self._param_ids for g in optimizer.param_groups for p in g["params"])
 
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
-        self._handles.append(optimizer.register_step_post_hook(weak_hook(self._after_step_hook)))
+        self._handles.append(StepWatch(optimizer, self._after_step_hook))
         variants.before_snapshot(self, optimizer)  # `syncdoctor experiment`: rank 0's hyperparameters first
         names = [n for n, _ in self._named_params]
         snapshot = build_snapshot(
@@ -229,7 +244,7 @@ class Probe:
     def _install_model_hooks(self) -> None:
         if self._named_params:
             first = self._named_params[0][1]
-            self._handles.append(first.register_post_accumulate_grad_hook(weak_hook(self._on_backward)))
+            self._handles.append(GradWatch(first, self._on_backward))
         self._forward_handle: ForwardWatch | None = None
         self._arm_forward()
         if self.activations_every:
@@ -247,32 +262,36 @@ class Probe:
         user's module never reaches the probe."""
         wanted = self._measuring
         if wanted and self._forward_handle is None:
-            self._forward_handle = ForwardWatch(self.module, pre=self._on_forward_start, post=self._on_forward_end)
+            self._forward_handle = ForwardWatch(
+                self.module, pre=self._on_forward_start, post=self._on_forward_end, wrapper=self._wrapper
+            )
         elif not wanted and self._forward_handle is not None:
             self._forward_handle.remove()
             self._forward_handle = None
 
     def _arm_local_norms(self) -> None:
-        """For a detailed iteration: a post-accumulate-grad hook on every parameter
-        reads the local gradient. These hooks run inside backward before DDP's reducer
-        hook and before a hand-written all_reduce, so what they see is this rank's
-        own gradient (accumulated over no_sync micro-steps; the last one wins). They
+        """For a detailed iteration: a watch on every parameter's gradient accumulator
+        reads the local gradient. It runs inside backward before DDP's reducer hook
+        and before a hand-written all_reduce, so what it sees is this rank's own
+        gradient (accumulated over no_sync micro-steps; the last one wins). The watches
         exist only during detailed iterations: no per-step cost, and no DDP comm hook,
         so the user's own register_comm_hook is untouched."""
         for i, (_, p) in enumerate(self._named_params):
-            self._local_norm_handles.append(p.register_post_accumulate_grad_hook(weak_hook(self._on_local_grad, i)))
+            self._local_norm_handles.append(GradWatch(p, self._on_local_grad, i))
 
     def _disarm_local_norms(self) -> None:
         for handle in self._local_norm_handles:
             handle.remove()
         self._local_norm_handles = []
 
-    def _on_local_grad(self, index: int, param: torch.Tensor) -> None:
-        if param.grad is not None and not self.disabled:
+    def _on_local_grad(self, index: int, param: torch.Tensor, incoming: torch.Tensor | None) -> None:
+        if incoming is not None and not self.disabled:
             try:
-                # A norm, not pow(2).sum(): no temporary the size of the gradient, no host sync.
+                # What .grad will hold once torch adds `incoming` (the watch runs just before).
+                # A norm, not pow(2).sum(): no host sync; a temporary only while accumulating.
                 # The shard this rank holds: a DTensor's own norm would be a collective.
-                self._local_norms[index] = torch.linalg.vector_norm(local_shard(param.grad).detach())
+                grad = incoming if param.grad is None else param.grad + incoming
+                self._local_norms[index] = torch.linalg.vector_norm(local_shard(grad).detach())
             except Exception:
                 pass
 
@@ -344,7 +363,7 @@ class Probe:
             self.close()
 
     # ------------------------------------------------------------------ hooks
-    def _on_backward(self, _param: torch.Tensor) -> None:
+    def _on_backward(self, _param: torch.Tensor, _incoming: torch.Tensor | None) -> None:
         self.backward += 1
 
     def on_backward_call(self, loss: torch.Tensor) -> None:

@@ -10,6 +10,7 @@ the error is said once on stderr.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -60,3 +61,25 @@ def disabled_lines(rank: int, step: int, exc: BaseException) -> tuple[str, str]:
         f"probe disabled: {what}; nothing recorded on this rank after step {step}",
         f"syncdoctor: probe disabled on rank {rank} after step {step} (training goes on unwatched): {what}",
     )
+
+
+def call_for_caller(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`original(*args, **kwargs)` called from a patch that stands in for it: a warning
+    `original` attributes to its caller (`stacklevel=2`: a deprecated argument) is shown
+    at the line of the patch's caller, the user's, as without the patch, instead of here.
+    Only the display moves: `warnings.showwarning` is wrapped for the call, the filters
+    are left alone (entering `catch_warnings` would reset every "shown once" registry)."""
+    caller = sys._getframe(2)  # 0: this function, 1: the patch, 2: who called the patch
+    saved = warnings.showwarning
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if filename == __file__:
+            filename, lineno, line = caller.f_code.co_filename, caller.f_lineno, None
+        saved(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        return original(*args, **kwargs)
+    finally:
+        if warnings.showwarning is show:
+            warnings.showwarning = saved

@@ -26,13 +26,25 @@ import torch
 
 HOOK_DICTS = (
     "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
     "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
     "_backward_hooks",
     "_backward_pre_hooks",
     "_state_dict_hooks",
     "_state_dict_pre_hooks",
     "_load_state_dict_pre_hooks",
     "_load_state_dict_post_hooks",
+)
+PARAM_HOOK_DICTS = ("_backward_hooks", "_post_accumulate_grad_hooks")
+OPTIMIZER_HOOK_DICTS = (
+    "_optimizer_step_pre_hooks",
+    "_optimizer_step_post_hooks",
+    "_optimizer_state_dict_pre_hooks",
+    "_optimizer_state_dict_post_hooks",
+    "_optimizer_load_state_dict_pre_hooks",
+    "_optimizer_load_state_dict_post_hooks",
 )
 
 
@@ -93,7 +105,18 @@ def _first_tensor(out: Any) -> torch.Tensor:
 def _hooks(module: torch.nn.Module) -> int:
     """Hooks on the module and every submodule: a plain copy has what the original had
     before any probe came near it."""
-    return sum(len(getattr(m, name, None) or {}) for m in module.modules() for name in HOOK_DICTS)
+    return sum(_sizes(m, HOOK_DICTS) for m in module.modules())
+
+
+def _sizes(obj: Any, names: tuple[str, ...]) -> int:
+    return sum(len(getattr(obj, name, None) or {}) for name in names)
+
+
+def _dynamo_counts() -> tuple[int, int]:
+    """(graphs compiled, graph breaks) so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
 
 
 def _forward(module: Any, example: Any) -> torch.Tensor:
@@ -169,7 +192,18 @@ def _operations(module: torch.nn.Module, wrapper: Any, optimizer: Any, example: 
 
     def compile_eager() -> str:
         made = copy.deepcopy(module).eval()
-        return _digest(_forward(torch.compile(made, backend="eager"), example).numpy().tobytes())
+        graphs, breaks = _dynamo_counts()
+        out = _digest(_forward(torch.compile(made, backend="eager"), example).numpy().tobytes())
+        graphs_now, breaks_now = _dynamo_counts()
+        return f"{out} graphs+={graphs_now - graphs} breaks+={breaks_now - breaks}"
+
+    def live_hooks() -> str:
+        """What hangs on the live objects themselves (a probe's hook there is seen by the
+        user's own hook bookkeeping, and travels with whatever copies those dicts)."""
+        on_modules = _hooks(module)
+        on_params = sum(_sizes(p, PARAM_HOOK_DICTS) for p in module.parameters())
+        on_optimizer = _sizes(optimizer, OPTIMIZER_HOOK_DICTS)
+        return f"modules={on_modules} parameters={on_params} optimizer={on_optimizer}"
 
     return {
         "deepcopy(module)": deepcopy_module,
@@ -185,6 +219,7 @@ def _operations(module: torch.nn.Module, wrapper: Any, optimizer: Any, example: 
         "torch.fx.symbolic_trace": fx_trace,
         "torch.jit.script": jit_script,
         "torch.compile(eager)": compile_eager,
+        "hooks on the live objects": live_hooks,
     }
 
 
