@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from syncdoctor.doctor.coverage import coverage, loss_unobserved
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import AgreementSpan, Diagnosis, Finding, RankSummary, Verdict
 from syncdoctor.doctor.rules import all_rules
@@ -81,6 +82,8 @@ def verdict_for(ev: Evidence, findings: list[Finding]) -> Verdict:
         return "not_sync_problem" if serious[0].category in NOT_SYNC else "sync_problem"
     if ev.probe_disabled:
         return "inconclusive"  # a rank went unwatched: its silence proves nothing
+    if loss_unobserved(ev):
+        return "inconclusive"  # equal parameters do not show what each rank optimized
     checked = any(c.get("status") == "ok" for c in ev.checks)
     several_ranks = ev.losses.height > 0 and ev.losses["rank"].n_unique() > 1
     if (ev.has_records and (checked or len(ev.ranks) == 1)) or several_ranks:
@@ -312,6 +315,7 @@ def diagnose_evidence(ev: Evidence) -> Diagnosis:
         last_agree_step=div.last_agree_step if div else None,
         agreement=[AgreementSpan(**span) for span in ev.agreement],
         world_size=ev.world_size,
+        coverage=coverage(ev),
         grad_norm_kind=("local" if _grad_norm_column(ev) == "grad_norm_local" else "reduced") if ev.has_records else "",
         events=ev.events,
         warnings=ev.warnings,

@@ -133,6 +133,8 @@ class Diagnosis:
     run: dict[str, str] = field(default_factory=dict)  # what ran, from the snapshots (doctor/run_facts.py)
     # `diagnose --baseline`: the comparison with a baseline run (doctor/baseline.py), else None.
     baseline: Any = None
+    # What the diagnosis covered and what it could not see (doctor/coverage.py).
+    coverage: list[str] = field(default_factory=list)
 
     def to_json(self, include_series: bool = False) -> dict[str, Any]:
         """The JSON form; plot series only on request (they dominate its size)."""

@@ -116,6 +116,7 @@ def render_fragment(diag: Diagnosis, title: str = "syncdoctor report") -> str:
     body = "\n".join(
         [
             _header(diag, title),
+            _list_section("What was checked", diag.coverage, "coverage"),
             _shape_section(diag),
             _baseline_section(diag),
             _findings_section(diag.findings),

@@ -45,6 +45,8 @@ def render_terminal(diag: Diagnosis, console: Console | None = None) -> None:
     style = VERDICT_STYLE.get(diag.verdict, "white")
     verdict = _t(f" {VERDICT_TEXT.get(diag.verdict, diag.verdict)} ", f"bold reverse {style}")
     out(Text.assemble(_t("Verdict ", "bold"), verdict))
+    for line in diag.coverage:
+        out(_bullet(clean(line, oneline=True), "dim"))
 
     if diag.loss_shape is not None:
         shape = diag.loss_shape
