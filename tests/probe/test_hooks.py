@@ -158,3 +158,30 @@ def test_the_canary_of_a_compiled_model_runs_the_model_it_compiled_eagerly() -> 
     model = torch.nn.Linear(2, 2)
     assert eager_module(model) is model
     assert eager_module(torch.compile(model, backend="eager")) is model
+
+
+def test_attach_records_the_loss_backward_receives_where_the_script_reports_none(tmp_path: Any) -> None:
+    """`syncdoctor.attach` in a loop that never calls probe.loss (a Trainer callback, a
+    script adding one line): the scalar given to backward() is the loss of the step, and
+    a loss the script reports itself comes first."""
+    import syncdoctor
+    from syncdoctor.records import read_run
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = syncdoctor.attach(model, optimizer, run_dir=str(tmp_path), check_every=5)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    losses = []
+    for step in range(6):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        losses.append(loss.item())
+        if step == 5:
+            probe.loss(123.0)  # reported: it wins over the backward scalar
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    probe.close()
+    recorded = read_run(tmp_path).steps.sort("step")["loss"].to_list()
+    assert recorded[:5] == pytest.approx(losses[:5], rel=1e-6)
+    assert recorded[5] == 123.0

@@ -18,8 +18,21 @@ def __getattr__(name: str) -> Any:
         from syncdoctor.settings import SyncMismatchError
 
         return SyncMismatchError
-    if name in ("NullProbe", "Probe", "attach"):
+    if name in ("NullProbe", "Probe"):
         from syncdoctor.probe import core
 
         return getattr(core, name)
     raise AttributeError(name)
+
+
+def attach(model: Any, optimizer: Any = None, **kwargs: Any) -> Any:
+    """Attach the probe in one line (`core.attach`: its options are the Probe's). Where
+    the script reports no loss with `probe.loss`, the scalar each backward() receives
+    is recorded as the loss, unscaled by GradScaler's scale, as under `syncdoctor run`:
+    a verdict on records with no loss could not see what each rank optimized."""
+    from syncdoctor.probe import auto, core
+
+    probe = core.attach(model, optimizer, **kwargs)
+    if isinstance(probe, core.Probe):
+        auto.observe_losses()
+    return probe

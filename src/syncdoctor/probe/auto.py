@@ -317,11 +317,31 @@ def capture_backward_losses() -> None:
     _wrap(torch.autograd, "backward", _make_backward)
 
 
+def _make_scaler_step(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _maybe_opt_step(self: Any, optimizer: Any, optimizer_state: Any, *args: Any, **kwargs: Any) -> Any:
+        probe = _safe(_scaler_before, self, optimizer)
+        result = original(self, optimizer, optimizer_state, *args, **kwargs)
+        if probe is not None:
+            _safe(_scaler_after, probe, optimizer_state)
+        return result
+
+    return _maybe_opt_step
+
+
+def observe_losses() -> None:
+    """The loss each backward() receives and the scale GradScaler steps with, for the
+    active probes: zero-code mode, and `attach()` where the script reports no loss
+    itself (a loss it reports with `probe.loss` comes first). Idempotent."""
+    from torch.amp.grad_scaler import GradScaler
+
+    capture_backward_losses()
+    _wrap(GradScaler, "_maybe_opt_step", _make_scaler_step)
+
+
 def install() -> None:
     if _state["installed"] or not dist.is_available():
         return
     _state["installed"] = True
-    from torch.amp.grad_scaler import GradScaler
     from torch.nn.modules.loss import _Loss
     from torch.nn.parallel import DistributedDataParallel
     from torch.optim.optimizer import (
@@ -356,21 +376,10 @@ def install() -> None:
 
         return __init__
 
-    def make_scaler_step(original: Callable[..., Any]) -> Callable[..., Any]:
-        def _maybe_opt_step(self: Any, optimizer: Any, optimizer_state: Any, *args: Any, **kwargs: Any) -> Any:
-            probe = _safe(_scaler_before, self, optimizer)
-            result = original(self, optimizer, optimizer_state, *args, **kwargs)
-            if probe is not None:
-                _safe(_scaler_after, probe, optimizer_state)
-            return result
-
-        return _maybe_opt_step
-
     _wrap(dist, "init_process_group", make_init)
     _wrap(dist, "destroy_process_group", make_destroy)
     _wrap(DistributedDataParallel, "__init__", make_ddp_init)
-    capture_backward_losses()
-    _wrap(GradScaler, "_maybe_opt_step", make_scaler_step)
+    observe_losses()
     _wrap(DataLoader, "__init__", _remember(_loaders))
     _wrap(_Loss, "__init__", _remember(_loss_modules))
     register_optimizer_step_pre_hook(lambda *a: _safe(_before_any_step, *a))

@@ -39,13 +39,11 @@ class _SyncDoctorTrainerCallback:
     ) -> None:
         if self.probe is not None or model is None:
             return
-        from syncdoctor.probe import auto
-        from syncdoctor.probe.core import attach
+        from syncdoctor.probe import attach
 
         options = dict(self.probe_options)
         options.setdefault("loader", train_dataloader)
         self.probe = attach(model, optimizer, run_dir=self.run_dir, **options)
-        auto.capture_backward_losses()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.probe is not None:
