@@ -104,3 +104,35 @@ def test_nan_on_every_rank_is_not_healthy(torchrun) -> None:
     diag = diagnose([torchrun("--steps", "20", "--nan-at", "all:8")])
     assert diag.verdict != "healthy"
     assert any(f.code == "SD904" and f.step == 8 for f in diag.findings)
+
+
+def _coverage(out: Path) -> list[str]:
+    return diagnose([out]).coverage
+
+
+def test_the_steps_after_the_last_check_step_are_compared_at_close(torchrun) -> None:
+    """23 steps, a check every 5: steps 21-23 are compared once more when the run ends."""
+    out = torchrun("--steps", "23")
+    diag = diagnose([out])
+    assert diag.verdict == "healthy"
+    assert diag.coverage == ["replicas compared at 6 checks, steps 1-23"]
+    assert max(c["step"] for c in read_run(out).checks if c["status"] == "ok") == 23
+
+
+def test_replicas_that_part_after_the_last_check_step_are_caught_at_close(torchrun) -> None:
+    out = torchrun("--steps", "23", "--part-at", "1:22")
+    diag = diagnose([out])
+    assert diag.verdict == "sync_problem"
+    mismatch = [c for c in read_run(out).checks if c["status"] == "mismatch"]
+    assert mismatch and mismatch[0]["step"] == 23 and mismatch[0]["tensor"] == "fc.bias"
+
+
+def test_weights_changed_on_one_rank_after_training_are_no_mismatch(torchrun) -> None:
+    """Near miss: rank 0 edits its weights after the last step (a checkpoint loaded for
+    its own evaluation). Nothing is compared at close, and the verdict says why."""
+    out = torchrun("--steps", "23", "--edit-after-training", "0")
+    diag = diagnose([out])
+    assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
+    assert not [c for c in read_run(out).checks if c["status"] == "mismatch"]
+    assert "steps 21-23 ran after the last check and were not compared" in diag.coverage[1]
+    assert "the parameters changed after the last step on 1 of 2 ranks" in diag.coverage[1]

@@ -13,19 +13,32 @@ from __future__ import annotations
 import polars as pl
 
 from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.records import contract
 
 
 def compared_steps(ev: Evidence) -> list[int]:
-    """Steps at which two or more ranks fingerprinted their parameters."""
-    if not ev.has_records or "param_fp" not in ev.steps.columns:
+    """Steps at which two or more ranks fingerprinted their parameters, and the step
+    the probe compared once more at close (a check record after the last of those)."""
+    if not ev.has_records:
         return []
-    counted = (
-        ev.steps.filter(pl.col("param_fp").is_not_null())
-        .group_by("step")
-        .agg(pl.len().alias("n"))
-        .filter(pl.col("n") > 1)
-    )
-    return sorted(int(s) for s in counted["step"].to_list())
+    steps: set[int] = set()
+    if "param_fp" in ev.steps.columns:
+        counted = (
+            ev.steps.filter(pl.col("param_fp").is_not_null())
+            .group_by("step")
+            .agg(pl.len().alias("n"))
+            .filter(pl.col("n") > 1)
+        )
+        steps.update(int(s) for s in counted["step"].to_list())
+    read = [c["step"] for c in ev.checks if c.get("status") in ("ok", "mismatch") and isinstance(c.get("step"), int)]
+    if read and (not steps or max(read) > max(steps)):
+        steps.add(max(read))  # the check at close: compared, though no step record holds it
+    return sorted(steps)
+
+
+def _close_check_messages(ev: Evidence) -> list[str]:
+    events = ev.records.events if ev.records is not None else []
+    return [str(e.get("message", "")) for e in events if e.get("event") == contract.CLOSE_CHECK_EVENT]
 
 
 def last_step(ev: Evidence) -> int | None:
@@ -62,10 +75,16 @@ def coverage(ev: Evidence) -> list[str]:
         span = f"step {checked[0]}" if len(checked) == 1 else f"steps {checked[0]}-{checked[-1]}"
         lines.append(f"replicas compared at {len(checked)} check{plural}, {span}")
         if end is not None and end > checked[-1]:
+            why = next((m for m in _close_check_messages(ev) if m.startswith(contract.NOT_COMPARED_AT_CLOSE)), "")
             lines.append(
                 f"steps {checked[-1] + 1}-{end} ran after the last check and were not compared: "
                 "what is said here of the replicas covers the run up to step "
-                f"{checked[-1]} (a smaller --check-every covers more)"
+                f"{checked[-1]}"
+                + (
+                    f" ({why.removeprefix(contract.NOT_COMPARED_AT_CLOSE)})"
+                    if why
+                    else " (a smaller --check-every covers more)"
+                )
             )
     if loss_unobserved(ev):
         lines.append(

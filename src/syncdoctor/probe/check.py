@@ -339,6 +339,38 @@ class CrossRankCheck:
         if self.everyone_reads or (number - 1) % self.world_size == self.rank:
             self.due.append((number, time.monotonic()))
 
+    def agree_at_close(self, unchecked: bool, edited: bool, timeout_s: float) -> tuple[bool, str]:
+        """Whether every rank compares its last steps at close: each says whether it ran
+        steps after its last check, and whether its parameters changed after its last
+        step; all then read the same totals. (go, what to record: "" for nothing)."""
+        if self.stopped:
+            return False, ""
+        deadline = time.monotonic() + timeout_s
+        try:
+            self.store.add("close/unchecked", int(unchecked))
+            self.store.add("close/edited", int(edited))
+            self._meet("close/met", deadline)
+            n_unchecked = self.store.add("close/unchecked", 0)
+            n_edited = self.store.add("close/edited", 0)
+        except Exception as exc:
+            self._give_up(self.probe.step, exc)
+            return False, ""
+        step = self.probe.step
+        if n_unchecked < self.world_size:
+            if n_unchecked == 0:
+                return False, ""  # the last step was a check step everywhere
+            return False, (
+                f"{contract.NOT_COMPARED_AT_CLOSE}{self.world_size - n_unchecked} of {self.world_size} "
+                f"ranks did not reach close after an unchecked step (this rank: after step {step})"
+            )
+        if n_edited:
+            return False, (
+                f"{contract.NOT_COMPARED_AT_CLOSE}the parameters changed after the last step on "
+                f"{n_edited} of {self.world_size} ranks (code after training: a checkpoint loaded, "
+                f"weights written back), so they no longer show what training left"
+            )
+        return True, f"the steps after the last check compared once more at close, after step {step}"
+
     def finish(self, timeout_s: float) -> None:
         """At the end of the run: post the last, short block, read what is still due,
         waiting at most `timeout_s` for ranks that have not posted it, then pick up any

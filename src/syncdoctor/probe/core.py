@@ -128,6 +128,11 @@ class Probe:
         self.opt_steps = 0
         self.backward = 0
         self._backward_at_last_step = 0
+        self._last_measured_step = 0
+        # The first parameter's version counter after the last step: torch bumps it at
+        # every in-place change, so at close it tells whether code after the last step
+        # (a checkpoint loaded, EMA weights written back) changed the parameters.
+        self._version_after_step = 0
         # what the current iteration reported
         self._losses: list[torch.Tensor | float] = []  # through probe.loss()
         self._auto_losses: list[torch.Tensor] = []  # scalars that reached backward()
@@ -330,6 +335,8 @@ class Probe:
         self.closed = True
         try:
             if self.checker is not None:
+                if status == "ok" and not self.disabled:
+                    self._guard(self._check_at_close)
                 self.checker.finish(min(CLOSE_WAIT_S, self.checker.timeout_s))
             self.writer.write(
                 contract.KIND_END, rank=self.rank, step=self.step, t=time.time(), status=status, message=message[:2000]
@@ -417,6 +424,8 @@ class Probe:
     def _after_step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.disabled:
             try:
+                if self._params:
+                    self._version_after_step = self._params[0]._version
                 self._end_iteration(True, False)
             except SyncMismatchError:
                 raise
@@ -502,6 +511,7 @@ class Probe:
             record["acts"] = self._acts
         measured = self._measuring
         if measured:
+            self._last_measured_step = step
             if self.checker is not None and self.checker.healer is not None:
                 self.checker.heal_due(step)  # on_mismatch="heal": before the fingerprints, which then see it
             record.update(self._measurements())
@@ -525,6 +535,45 @@ class Probe:
         if check_now and self.checker is not None and self.checker.pending_error is not None:
             error, self.checker.pending_error = self.checker.pending_error, None
             raise error
+
+    def _check_at_close(self) -> None:
+        """The steps after the last check step, compared once more at the end of a run
+        that ended well: parameters and hyperparameters as the last step left them
+        (modes, buffers and gradients are not compared: code after training may change
+        them on one rank by design). Every rank takes part or none does; none does where
+        some rank's parameters changed after its last step (probe/check.py)."""
+        checker = self.checker
+        if checker is None or checker.stopped:
+            return
+        unchecked = self.opt_steps > 0 and self.step > self._last_measured_step
+        edited = bool(self._params) and self._params[0]._version != self._version_after_step
+        go, why = checker.agree_at_close(unchecked, edited, min(CLOSE_WAIT_S, checker.timeout_s))
+        if why:
+            self.writer.write(
+                contract.KIND_EVENT,
+                rank=self.rank,
+                t=time.time(),
+                step=self.step,
+                event=contract.CLOSE_CHECK_EVENT,
+                message=why,
+            )
+        if not go:
+            return
+        detailed, self._detailed = self._detailed, False
+        try:
+            measured = self._measurements()
+        finally:
+            self._detailed = detailed
+        record = {
+            "step": self.step,
+            "micro": 0,
+            "backward": self._backward_at_last_step,
+            "opt_steps": self.opt_steps,
+            **measured,
+            "train_mode": None,
+            "buffer_fp": None,
+        }
+        checker.submit(record)
 
     def _run_canary(self, record: dict[str, Any]) -> None:
         """The canary forward (probe/canary.py) into `record`; off for the run, with one

@@ -200,7 +200,7 @@ EVENT = (
     *_COMMON,
     _f("t", "float", "unix time"),
     _f("step", "int", "last completed step"),
-    _f("event", "str", "timeout, retry, watchdog, network, crash, oom, mismatch, exception, heal, ..."),
+    _f("event", "str", "timeout, retry, watchdog, network, crash, oom, mismatch, exception, heal, close_check, ..."),
     _f("message", "str", "what happened, in words"),
     _f("heal", "dict", 'only with "event": "heal": status, odd, source, check_step, what, id, bytes, ...', by=(TORCH,)),
     _f(
@@ -210,6 +210,11 @@ EVENT = (
         by=(TORCH,),
     ),
 )
+
+# The probe's event at the end of a run whose last steps ran after its last check: they
+# were compared once more at close, or the message (starting so) says why not.
+CLOSE_CHECK_EVENT = "close_check"
+NOT_COMPARED_AT_CLOSE = "last steps not compared at close: "
 
 END = (
     *_COMMON,

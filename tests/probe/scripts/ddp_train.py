@@ -37,6 +37,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     # that turns NaN on one rank ("1:12") or on all ("all:12") from a step on.
     p.add_argument("--odd-weight-decay-rank", type=int, default=None)
     p.add_argument("--nan-at", default=None)
+    # Replicas parted silently after the optimizer step from STEP on, on RANK ("1:22");
+    # and, after the last step, weights changed on one rank only (a best checkpoint
+    # loaded for a rank-0 evaluation): the near miss of a close-time comparison.
+    p.add_argument("--part-at", default=None)
+    p.add_argument("--edit-after-training", type=int, default=None)
     return p.parse_args(argv)
 
 
@@ -120,6 +125,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
     weight_decay = 1e-2 if rank == args.odd_weight_decay_rank else 0.0
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=weight_decay)
     nan_rank, nan_step = args.nan_at.split(":") if args.nan_at else (None, "0")
+    part_rank, part_step = args.part_at.split(":") if args.part_at else (None, "0")
     epoch = 0
     while state["step"] < args.steps:
         sampler.set_epoch(epoch)
@@ -131,10 +137,17 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
             loss.backward()
             optimizer.step()
             state["step"] += 1
+            if part_rank == str(rank) and state["step"] >= int(part_step):
+                with torch.no_grad():
+                    model.module.fc.bias.mul_(1.001)
             print(f"rank {rank} step {state['step']} loss {loss.item():.4f}", flush=True)
             if state["step"] >= args.steps:
                 break
         epoch += 1
+    if args.edit_after_training == rank:
+        with torch.no_grad():
+            for p in model.module.parameters():
+                p.mul_(0.5)
     print(f"rank {rank} done", flush=True)
     dist.destroy_process_group()
 
