@@ -136,3 +136,38 @@ def test_weights_changed_on_one_rank_after_training_are_no_mismatch(torchrun) ->
     assert not [c for c in read_run(out).checks if c["status"] == "mismatch"]
     assert "steps 21-23 ran after the last check and were not compared" in diag.coverage[1]
     assert "the parameters changed after the last step on 1 of 2 ranks" in diag.coverage[1]
+
+
+@pytest.mark.parametrize("fault", [False, True])
+def test_a_model_rebuilt_in_the_same_process_is_the_same_replicas_next_segment(tmp_path: Path, fault: bool) -> None:
+    """Train, checkpoint, rebuild model, DDP and optimizer, load, resume (scripts/
+    rebuild_job.py): one record per rank whose steps go on counting, healthy; with the
+    checkpoint loaded on rank 0 only, the rebuild is named (SD505), not a flipped bit
+    nor an incomplete all-reduce."""
+    out = tmp_path / "run"
+    proc = syncdoctor_run(
+        out,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(SCRIPTS / "rebuild_job.py"),
+        *(["--load-on-rank0-only"] if fault else []),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = read_run(out)
+    for rank in (0, 1):
+        steps = run.steps.filter(run.steps["rank"] == rank)["step"].to_list()
+        assert steps == list(range(1, 61))  # one series: no step counted twice
+    assert run.snapshots[0].get("segment") == 2
+    diag = diagnose([out])
+    if fault:
+        assert diag.verdict == "sync_problem" and diag.findings[0].code == "SD505", [f.code for f in diag.findings]
+        assert diag.findings[0].step == 31
+    else:
+        assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]

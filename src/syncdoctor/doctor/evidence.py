@@ -18,7 +18,7 @@ import polars as pl
 
 from syncdoctor.doctor.model import Event, LossShape
 from syncdoctor.doctor.shape import classify
-from syncdoctor.records import RunRecords
+from syncdoctor.records import RunRecords, contract
 from syncdoctor.records.compare import majority_outliers
 from syncdoctor.records.reader import MAX_WORLD_SIZE
 
@@ -849,6 +849,25 @@ class Evidence:
 
     def events_of(self, *kinds: str) -> list[Event]:
         return [e for e in self.real_events if e.kind in kinds]
+
+    @cached_property
+    def rebuilt_after(self) -> list[int]:
+        """Steps after which the job rebuilt its model in the same process (a new wrapper
+        or optimizer over the same parameters: the probe's `rebound` event), in order;
+        each starts a new segment of the record."""
+        events = self.records.events if self.records is not None else []
+        return sorted(
+            {
+                int(e["step"])
+                for e in events
+                if e.get("event") == contract.REBOUND_EVENT and isinstance(e.get("step"), int)
+            }
+        )
+
+    def rebuilt_within(self, after: int | None, upto: int) -> int | None:
+        """The last rebuild in (after, upto): a parting bracketed there may be the rebuild's."""
+        inside = [s for s in self.rebuilt_after if (after is None or s >= after) and s < upto]
+        return inside[-1] if inside else None
 
     @cached_property
     def first_failure(self) -> Event | None:

@@ -174,6 +174,13 @@ class Probe:
         self._init_before_update = optimizer is None or not optimizer.state
         self.opt_state_replicated = True
         self._guard(self._install_model_hooks)
+        # A model rebuilt in the same process (checkpoint, rebuild, load, resume) is the
+        # same replica's next segment, not a second model: the probes of the same layout
+        # alive now, with their update counts, decide it at this probe's first optimizer
+        # (_take_over_from).
+        self.segment = 1
+        self._layout_key = tuple((n, tuple(p.shape)) for n, p in self._named_params)
+        self._peers_at_birth = {id(q): q.opt_steps for q in _active if q._layout_key == self._layout_key}
         if optimizer is not None:
             self.bind_optimizer(optimizer)
         _active.append(self)
@@ -192,7 +199,39 @@ class Probe:
         """Whether `optimizer` updates this probe's parameters."""
         return any(id(p) in self._param_ids for g in optimizer.param_groups for p in g["params"])
 
+    def _take_over_from_rebuilt(self) -> None:
+        """If this probe's model replaces one the user rebuilt (a probe of the same layout
+        that updated before this probe was made and not since: its optimizer is no
+        longer stepped), that probe's segment ends here and this one goes on counting
+        from it: one replica, one record, never a second model. Two models trained side
+        by side (both updating) stay two probes."""
+        if self.opt_steps:
+            return
+        for old in list(_active):
+            born = self._peers_at_birth.get(id(old))
+            if old is self or old.closed or born is None or old.opt_steps == 0 or old.opt_steps != born:
+                continue
+            old.close("ok", ended=False)  # its last steps compared at close, its check finished
+            self.step, self.opt_steps = old.step, old.opt_steps
+            self.backward += old.backward  # the new model's backward passes so far, on top
+            self._backward_at_last_step = old.backward
+            self._last_measured_step = old.step
+            self.segment = old.segment + 1
+            self.writer.write(
+                contract.KIND_EVENT,
+                rank=self.rank,
+                t=time.time(),
+                step=self.step,
+                event=contract.REBOUND_EVENT,
+                message=(
+                    f"a rebuilt model (same parameters, a new wrapper or optimizer) took over after step "
+                    f"{self.step}: segment {self.segment} of this rank's record"
+                ),
+            )
+            return
+
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
+        self._take_over_from_rebuilt()
         self._handles.append(StepWatch(optimizer, self._after_step_hook))
         variants.before_snapshot(self, optimizer)  # `syncdoctor experiment`: rank 0's hyperparameters first
         names = [n for n, _ in self._named_params]
@@ -208,6 +247,8 @@ class Probe:
             init_param_fp=self._init_param_fp,
         )
         snapshot["init_param_fp_before_update"] = self._init_before_update and self.opt_steps == 0
+        if self.segment > 1:
+            snapshot["segment"] = self.segment
         self.opt_state_replicated = type(optimizer).__name__ != "ZeroRedundancyOptimizer"  # ZeRO shards it
         snapshot["optimizer"]["state_replicated"] = self.opt_state_replicated
         if self.layout is not None and self.layout.sharded:
@@ -329,7 +370,9 @@ class Probe:
         if not self.disabled:
             self._guard(self._end_iteration, False, overflow)
 
-    def close(self, status: str = "ok", message: str = "") -> None:
+    def close(self, status: str = "ok", message: str = "", ended: bool = True) -> None:
+        """End this probe's record (`ended=False`: its segment only, a rebuilt model's
+        probe goes on in the same record)."""
         if self.closed:
             return
         self.closed = True
@@ -338,9 +381,15 @@ class Probe:
                 if status == "ok" and not self.disabled:
                     self._guard(self._check_at_close)
                 self.checker.finish(min(CLOSE_WAIT_S, self.checker.timeout_s))
-            self.writer.write(
-                contract.KIND_END, rank=self.rank, step=self.step, t=time.time(), status=status, message=message[:2000]
-            )
+            if ended:
+                self.writer.write(
+                    contract.KIND_END,
+                    rank=self.rank,
+                    step=self.step,
+                    t=time.time(),
+                    status=status,
+                    message=message[:2000],
+                )
         except Exception:
             pass
         self.remove_hooks()
@@ -756,7 +805,7 @@ class NullProbe:
     def batch(self, sample_ids: Any) -> None: ...
     def scale(self, loss_scale: float) -> None: ...
     def skipped(self, overflow: bool = True) -> None: ...
-    def close(self, status: str = "ok", message: str = "") -> None: ...
+    def close(self, status: str = "ok", message: str = "", ended: bool = True) -> None: ...
 
 
 def probe_for_module(module: torch.nn.Module) -> Probe | None:

@@ -105,6 +105,12 @@ SNAPSHOT = (
     _f("tensors", "list[str]", "parameter names in fingerprint order"),
     _f("init_param_fp", "int", "fingerprint of the parameters when the probe attached"),
     _f("init_param_fp_before_update", "bool", "no update had happened when init_param_fp was taken", by=(TORCH,)),
+    _f(
+        "segment",
+        "int",
+        "absent for the first: the record's segment on this rank, one more for each model rebuilt in the process (same parameters, a new wrapper or optimizer; steps go on counting)",
+        by=(TORCH,),
+    ),
     _f("init_param_fp_local", "int", "this rank's parameters before a start-up broadcast hid them"),
     _f("replica", "dict", "sharded/hybrid data parallelism: classes, keys, data_key, mesh, init_fps", by=(TORCH,)),
     _f("check_every", "int", "the live check's interval K"),
@@ -200,7 +206,11 @@ EVENT = (
     *_COMMON,
     _f("t", "float", "unix time"),
     _f("step", "int", "last completed step"),
-    _f("event", "str", "timeout, retry, watchdog, network, crash, oom, mismatch, exception, heal, close_check, ..."),
+    _f(
+        "event",
+        "str",
+        "timeout, retry, watchdog, network, crash, oom, mismatch, exception, heal, close_check, rebound, ...",
+    ),
     _f("message", "str", "what happened, in words"),
     _f("heal", "dict", 'only with "event": "heal": status, odd, source, check_step, what, id, bytes, ...', by=(TORCH,)),
     _f(
@@ -214,6 +224,8 @@ EVENT = (
 # The probe's event at the end of a run whose last steps ran after its last check: they
 # were compared once more at close, or the message (starting so) says why not.
 CLOSE_CHECK_EVENT = "close_check"
+# The event of a probe that took over a rebuilt model's record (snapshot `segment`).
+REBOUND_EVENT = "rebound"
 NOT_COMPARED_AT_CLOSE = "last steps not compared at close: "
 
 END = (

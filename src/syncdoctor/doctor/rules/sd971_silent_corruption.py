@@ -112,6 +112,8 @@ class SilentCorruption(Rule):
         first_measured = self._first_measured_step(ev)
         if first_measured is None or div.step <= first_measured:
             return None  # apart from the start: initialisation or set-up, not a flip
+        if ev.rebuilt_within(div.last_agree_step, div.step) is not None:
+            return None  # apart from a rebuild's start: the state loaded, not a flip (SD505)
         world = ev.world_size or len(ev.ranks)
         heals = [e for e in heal_events(ev) if e["heal"].get("status") == "healed"]
         if self._parts_again_after_heal(ev, heals, checks):
