@@ -29,6 +29,11 @@ def run_facts(ev: Evidence) -> dict[str, str]:
     _put(facts, "training loop", _common(s.get("style") for s in snaps.values()))
     loaders = [loader for s in snaps.values() if isinstance(loader := s.get("loader"), dict)]
     _put(facts, "loader", _common(_loader_line(loader) for loader in loaders))
+    segments = max((n for s in snaps.values() if isinstance(n := s.get("segment"), int)), default=1)
+    if segments > 1:
+        facts["rebuilt"] = (
+            f"the model was rebuilt in the process ({segments} segments of one record per rank; steps go on counting)"
+        )
     processes = [f"rank {r}: {s.get('host') or '?'} pid {s.get('pid')}" for r, s in snaps.items() if s.get("pid")]
     if processes:
         shown = processes[:MAX_PROCESSES]

@@ -217,8 +217,8 @@ class GradWatch:
 
 
 class _WeakHook:
-    """A hook that calls `owner.method(*bound, *args)` while
-    the owner lives, and does nothing after."""
+    """A hook that calls `owner.method(*bound, *args)` while the owner lives, and does
+    nothing after."""
 
     __slots__ = ("_bound", "_method")
 
