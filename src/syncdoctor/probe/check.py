@@ -510,7 +510,12 @@ class CrossRankCheck:
         tensor = None
         if "param" in what:
             first = next((g for g in groups if "param" in g["what"]), None)
-            tensor = self._first_tensor([row[1 + WIDTH :] for row in rows], first)
+            tensor, parted, compared = self._differing_tensors([row[1 + WIDTH :] for row in rows], first)
+            if compared:
+                # How far the change reaches: one flipped bit changes one tensor (the
+                # all-reduce keeps every other equal); code that treats a rank apart
+                # (clipping, a weight copy, a skipped reduction) changes most of them.
+                detail["tensors_differ"] = [parted, compared]
         self.probe.writer.write(
             contract.KIND_CHECK,
             rank=self.rank,
@@ -535,16 +540,19 @@ class CrossRankCheck:
             number = self.store.add("verdicts", 1)
             self.store.set(f"verdict/{number}", json.dumps(verdict))
 
-    def _first_tensor(self, per_group: list[np.ndarray], group: dict[str, Any] | None = None) -> str | None:
+    def _differing_tensors(
+        self, per_group: list[np.ndarray], group: dict[str, Any] | None = None
+    ) -> tuple[str | None, int, int]:
         """The first parameter, in parameter order, whose fingerprint is not the same on
-        every rank of the replica group that disagrees; with more tensors than
-        TENSOR_GROUPS, the first group of tensors that differs (named by its first and
-        last tensor). Under a mesh only the tensors of the group's placement class count:
-        the others are other shards by design."""
+        every rank of the replica group that disagrees (with more tensors than
+        TENSOR_GROUPS, the first group of tensors that differs, named by its first and
+        last tensor), and how many of the compared tensors (or groups) differ. Under a
+        mesh only the tensors of the group's placement class count: the others are other
+        shards by design."""
         names = [n for n, _ in self.probe._named_params]
         bounds = group_bounds(len(names))
         if any(len(g) != len(bounds) for g in per_group) or not bounds:
-            return None  # ranks with other models: the config and counters say more than a name
+            return None, 0, 0  # ranks with other models: the config and counters say more than a name
         members = group["members"] if group else list(range(len(per_group)))
         table = np.stack([per_group[r] for r in members])
         differs = (table != table[0]).any(axis=0)
@@ -553,11 +561,15 @@ class CrossRankCheck:
             of_tensor = layout.of_tensor
             same_class = [all(of_tensor[i] == group["class"] for i in range(a, b)) for a, b in bounds]
             differs &= np.array(same_class, dtype=bool)
+            compared = sum(same_class)
+        else:
+            compared = len(bounds)
         hits = np.flatnonzero(differs)
         if not hits.size:
-            return None
+            return None, 0, compared
         start, end = bounds[int(hits[0])]
-        return names[start] if end - start == 1 else f"{names[start]} .. {names[end - 1]}"
+        name = names[start] if end - start == 1 else f"{names[start]} .. {names[end - 1]}"
+        return name, int(hits.size), compared
 
     def _poll_verdicts(self) -> None:
         """Mismatches found by the ranks that read them: record them here too (each

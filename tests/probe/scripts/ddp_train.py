@@ -42,6 +42,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     # loaded for a rank-0 evaluation): the near miss of a close-time comparison.
     p.add_argument("--part-at", default=None)
     p.add_argument("--edit-after-training", type=int, default=None)
+    # Every weight of RANK scaled once, after the optimizer step STEP ("0:12"): a rank-0
+    # branch writing weights (an EMA copy, a checkpoint load), not a flipped bit.
+    p.add_argument("--scale-all-at", default=None)
     return p.parse_args(argv)
 
 
@@ -126,6 +129,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=weight_decay)
     nan_rank, nan_step = args.nan_at.split(":") if args.nan_at else (None, "0")
     part_rank, part_step = args.part_at.split(":") if args.part_at else (None, "0")
+    scale_rank, scale_step = args.scale_all_at.split(":") if args.scale_all_at else (None, "0")
     epoch = 0
     while state["step"] < args.steps:
         sampler.set_epoch(epoch)
@@ -140,6 +144,10 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
             if part_rank == str(rank) and state["step"] >= int(part_step):
                 with torch.no_grad():
                     model.module.fc.bias.mul_(1.001)
+            if scale_rank == str(rank) and state["step"] == int(scale_step):
+                with torch.no_grad():
+                    for p in model.module.parameters():
+                        p.mul_(0.999)
             print(f"rank {rank} step {state['step']} loss {loss.item():.4f}", flush=True)
             if state["step"] >= args.steps:
                 break

@@ -34,6 +34,30 @@ SNAPSHOT_ALIKE = (
     ("tensors",),
 )
 DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "ASCEND_DEVICE_ID", "DEVICE_ID", "LOCAL_RANK")
+# A flipped value changes the one tensor that holds it: the all-reduce keeps every other
+# tensor equal across replicas. A change that reaches more than this share of the
+# tensors (and more than two) comes from code that treats a rank apart.
+CONFINED_SHARE = 0.25
+
+
+def reach_of(ev: Evidence, step: int) -> tuple[int, int] | None:
+    """(tensors that differ, tensors compared) at the first live mismatch at or after
+    `step` that counted them (probe/check.py), else None."""
+    for check in sorted((c for c in ev.checks if c.get("status") == "mismatch"), key=lambda c: c["step"]):
+        reach = (check.get("detail") or {}).get("tensors_differ")
+        if (
+            check["step"] >= step
+            and isinstance(reach, list)
+            and len(reach) == 2
+            and all(isinstance(n, int) for n in reach)
+        ):
+            return reach[0], reach[1]
+    return None
+
+
+def confined(reach: tuple[int, int]) -> bool:
+    parted, compared = reach
+    return parted <= max(2, CONFINED_SHARE * compared)
 
 
 def heal_events(ev: Evidence) -> list[dict[str, Any]]:
@@ -69,7 +93,9 @@ class SilentCorruption(Rule):
     **Symptom:** no error anywhere; at one check one rank's parameters (or its
     optimizer state, or its reduced gradients) stop being bitwise equal to the
     other ranks', while everything a bug would change still agrees — step counters,
-    the optimizer and loss configuration, train/eval modes, the data. The loss may
+    the optimizer and loss configuration, train/eval modes, the data — and the
+    difference is confined to one or a few tensors (code that treats a rank apart,
+    such as clipping, a weight copy or a skipped reduction, changes most of them). The loss may
     not move at all, drift, or blow up, depending on which bit flipped.
 
     **Cause:** a chip or memory cell that computes or stores a wrong value without
@@ -114,6 +140,9 @@ class SilentCorruption(Rule):
             return None  # apart from the start: initialisation or set-up, not a flip
         if ev.rebuilt_within(div.last_agree_step, div.step) is not None:
             return None  # apart from a rebuild's start: the state loaded, not a flip (SD505)
+        reach = reach_of(ev, div.step)
+        if reach is not None and not confined(reach):
+            return None  # most tensors changed at once: a rank treated apart by code, not a flip
         world = ev.world_size or len(ev.ranks)
         heals = [e for e in heal_events(ev) if e["heal"].get("status") == "healed"]
         if self._parts_again_after_heal(ev, heals, checks):
@@ -143,6 +172,11 @@ class SilentCorruption(Rule):
             )
             confidence = 0.88
         evidence.append(f"the replicas were bitwise equal at every check before step {div.step}")
+        if reach is not None:
+            evidence.append(
+                f"{reach[0]} of {reach[1]} tensors differ: a change confined to few tensors, as one flipped "
+                "value makes (the all-reduce keeps the others equal)"
+            )
         for heal in self._heal_lines(ev, heals, checks):
             evidence.append(heal)
         confidence += 0.03 if heals else 0.0
