@@ -594,6 +594,16 @@ class Evidence:
         return min(steps) if steps else None
 
     @cached_property
+    def log_partings(self) -> dict[str, Any]:
+        """From the logs: the first step at which a value that must be equal on every
+        rank (lr, loss scale, update counters, or a key the log shows shared) differs,
+        per kind ({kind: must_equal.Parting}; doctor/must_equal.py)."""
+        from syncdoctor.doctor.must_equal import partings
+
+        values = getattr(self.logs, "values", None)
+        return partings(values) if isinstance(values, pl.DataFrame) else {}
+
+    @cached_property
     def hyperparameter_drift(self) -> tuple[int, dict[int, Any]] | None:
         """The first step at which the ranks' learning rates differ (a schedule or a
         manual change applied on some ranks only): (step, {rank: lr})."""

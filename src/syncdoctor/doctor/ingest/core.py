@@ -20,6 +20,7 @@ from syncdoctor.doctor.ingest.fields import detect_srun_labels, parse_time, stri
 from syncdoctor.doctor.ingest.files import SNIFF_BYTES, LogFile, discover, looks_binary, open_binary
 from syncdoctor.doctor.ingest.losses import LossParser, LossPoint, global_steps, split_records
 from syncdoctor.doctor.ingest.scan import MAX_LINE_BYTES, Chunk, TolerantStream, iter_chunks
+from syncdoctor.doctor.ingest.values import STEP_KEYS, line_values
 from syncdoctor.doctor.model import Event
 from syncdoctor.errors import InputError
 
@@ -42,6 +43,19 @@ LOSS_SCHEMA: dict[str, pl.DataType] = {
     "line": pl.Int64(),
     "acc": pl.Float64(),
 }
+# Every key -> number pair of the lines that hold a loss, a step or an event
+# (ingest/values.py), with the step it was printed at: the cross-rank comparison
+# of what must be equal reads it. ``step`` is the step the line printed (global,
+# like the losses'), null where it printed none.
+VALUES_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int64(),
+    "step": pl.Int64(),
+    "key": pl.String(),
+    "value": pl.Float64(),
+    "source": pl.String(),
+    "line": pl.Int64(),
+}
+MAX_VALUE_LINES = 200_000  # per file: enough to find where ranks part, bounded memory
 # Columns used while reading, dropped from the result.
 _WORK_SCHEMA: dict[str, pl.DataType] = {
     **LOSS_SCHEMA,
@@ -70,6 +84,9 @@ class LogData:
     files: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     formats: dict[str, str] = field(default_factory=dict)
+    values: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=VALUES_SCHEMA))
+    # files whose rank could not be told (no prefix, no rank field, no rank in the name)
+    unranked: list[str] = field(default_factory=list)
 
 
 class _EventStore:
@@ -129,6 +146,9 @@ class _FileReader:
         self.srun_labels = False
         self.consumed: set[int] = set()
         self.timed_shapes: dict[str, bool] = {}  # loss-line shape -> carries a timestamp
+        # (rank, line, printed step or None, {key: value}, has a loss point)
+        self.value_lines: list[tuple[int | None, int, int | None, dict[str, float], bool]] = []
+        self.value_lines_dropped = 0
 
     # -- reading ----------------------------------------------------------------------
     def read(self) -> bool:
@@ -177,16 +197,24 @@ class _FileReader:
             body = prefix.body
             low = body.lower()
             t: float | None = None
+            valued = False
             if "loss" in low or "step" in low:
                 records = split_records(body) if "\r" not in text else [body]
                 if len(records) > 1:
                     self._glued_records(records, prefix.rank, line_no)
+                    valued = True  # several ranks' values on one line: not read as one record
                 else:
                     points = self._loss_points(text, body)
                     if points:
                         t = self._loss_time(body)
                         for point in points:
                             self._add_loss(point, prefix.rank, line_no, t)
+                        last = points[-1]
+                        if "\r" not in text:
+                            self._add_values(body, prefix.rank, line_no, last.rank, last.step is not None, True)
+                        valued = True
+            if not valued and (eventish or "step" in low):
+                self._add_values(body, prefix.rank, line_no, None, True, False)
             # DeepSpeed's "step=2000, skipped=1995" carries only the step keyword,
             # yet its skip counter is the loss scaler's record of overflows.
             if eventish or "skipped=" in low:
@@ -195,6 +223,78 @@ class _FileReader:
                     if t is None:
                         t = self._time(body)
                     self._add_event(match, chunk, line_no, text, prefix.rank, prefix.host, t)
+
+    def _add_values(
+        self,
+        body: str,
+        prefix_rank: int | None,
+        line_no: int,
+        line_rank: int | None,
+        printed_step: bool,
+        has_loss: bool,
+    ) -> None:
+        if len(self.value_lines) >= MAX_VALUE_LINES:
+            self.value_lines_dropped += 1
+            return
+        values = line_values(body)
+        if not values:
+            return
+        step: int | None = None
+        if not has_loss or not printed_step:
+            # the step the line prints under any name; a line with a loss and no step
+            # of its own is numbered by the order of lines: not comparable across ranks
+            raw = next((values[k] for k in STEP_KEYS if k in values), None)
+            step = int(raw) if raw is not None and math.isfinite(raw) and 0 <= raw < 2**62 else None
+            if has_loss and step is None:
+                return
+            has_loss = False
+        rank = prefix_rank if prefix_rank is not None else line_rank
+        if rank is None and "rank" in values and values["rank"] == int(values["rank"]) and 0 <= values["rank"] < 1e7:
+            rank = int(values["rank"])
+        rank = rank if rank is not None else self.log.rank
+        self.value_lines.append((rank, line_no, step, values, has_loss))
+
+    def value_frame(self, losses: pl.DataFrame | None) -> pl.DataFrame | None:
+        """The values rows, each at its line's global step (the loss rows' where the
+        line held a loss, else the step it printed)."""
+        if not self.value_lines:
+            return None
+        at: dict[int, int] = {}
+        if losses is not None:
+            for line, step in zip(losses["line"], losses["step"], strict=True):
+                if step is not None:
+                    at[line] = step
+        ranks: list[int | None] = []
+        steps: list[int | None] = []
+        keys: list[str] = []
+        vals: list[float] = []
+        lines: list[int] = []
+        for rank, line, step, values, has_loss in self.value_lines:
+            if has_loss:
+                step = at.get(line)
+            for key, value in values.items():
+                ranks.append(_int64_or_none(rank))
+                steps.append(step)
+                keys.append(key)
+                vals.append(value)
+                lines.append(line)
+        if self.value_lines_dropped:
+            self.warnings.append(
+                f"{self.log.source}: values of the first {MAX_VALUE_LINES} lines kept for the cross-rank "
+                f"comparison, {self.value_lines_dropped} more not read"
+            )
+        return pl.DataFrame(
+            {
+                "rank": ranks,
+                "step": steps,
+                "key": keys,
+                "value": vals,
+                "source": [self.log.source] * len(keys),
+                "line": lines,
+            },
+            schema=VALUES_SCHEMA,
+            strict=False,
+        )
 
     def _glued_records(self, records: list[str], line_rank: int | None, line_no: int) -> None:
         """Several ranks' records on one line: each keeps its own rank (its launcher
@@ -463,6 +563,8 @@ def ingest_logs(paths: Sequence[str | os.PathLike[str]]) -> LogData:
         raise InputError("no log files found in " + ", ".join(str(p) for p in paths))
     store = _EventStore()
     frames: list[pl.DataFrame] = []
+    value_frames: list[pl.DataFrame] = []
+    unranked: list[str] = []
     formats: dict[str, str] = {}
     read: list[str] = []
     for index, log in enumerate(logs):
@@ -490,6 +592,11 @@ def ingest_logs(paths: Sequence[str | os.PathLike[str]]) -> LogData:
         frame = reader.loss_frame()
         if frame is not None:
             frames.append(frame)
+            if frame["rank"].null_count() == frame.height:
+                unranked.append(log.source)
+        values = reader.value_frame(frame)
+        if values is not None:
+            value_frames.append(values)
         formats[log.source] = reader.format_name()
         if formats[log.source] == "none" and not any(w.startswith(log.source) for w in warnings):
             warnings.append(f"{log.source}: no loss lines or events recognised")
@@ -501,12 +608,20 @@ def ingest_logs(paths: Sequence[str | os.PathLike[str]]) -> LogData:
     warnings.extend(store.dropped())
     if not work.is_empty():
         warnings.extend(_rank_warnings(work))
+    if unranked:
+        shown = ", ".join(unranked[:4]) + (" ..." if len(unranked) > 4 else "")
+        warnings.append(
+            f"no rank could be told for the loss lines of {shown} (no launcher prefix, rank field or rank "
+            "in the file name): read as one unknown rank"
+        )
     return LogData(
         losses=work.select(list(LOSS_SCHEMA)),
         events=[e for _, e in kept],
         files=read,
         warnings=warnings,
         formats=formats,
+        values=pl.concat(value_frames) if value_frames else pl.DataFrame(schema=VALUES_SCHEMA),
+        unranked=unranked,
     )
 
 

@@ -18,6 +18,15 @@ _MPI_PREFIX = re.compile(r"\[\d+,(\d{1,7})\]<std(?:out|err)>:\s?")
 _ROLE_PREFIX = re.compile(r"\[(rank|default|worker|trainer|proc|process)(\d{1,7})\]:\s?")
 # torch's "[rankN]:" may come after a timestamp added by a log collector.
 _RANK_PREFIX_ANYWHERE = re.compile(r"\[rank(\d{1,7})\]:\s?")
+# A rank tag a logger formatter put in the line's header, anywhere near its start:
+#   [rank: 0] (Lightning)   [RANK 1]   [worker 1]   [Rank 3]   [local_rank=2]
+#   ... [train.py:1057] (2/4) ...   (icefall, k2, lhotse: rank/world size after the header)
+_RANK_TAG = re.compile(
+    r"\[(?:global_rank|local_rank|rank|worker|proc|process|gpu)\s*[:=#]?\s*(\d{1,7})\]"
+    r"|(?:^|\]\s)\((\d{1,5})/(\d{1,5})\)\s",
+    re.IGNORECASE,
+)
+RANK_TAG_CHARS = 160
 _RAY_PREFIX = re.compile(r"\((?:\w+ )?pid=\d+(?:, ip=([\w.:-]+))?\)\s?")
 # srun --label: "3: text". Only trusted when most of a file's lines carry it.
 SRUN_PREFIX = re.compile(r"\s*(\d{1,5}): ")
@@ -66,6 +75,15 @@ def strip_prefixes(line: str, srun_labels: bool) -> Prefix:
         if m:
             rank = int(m.group(1))
             body = body[: m.start()] + body[m.end() :]
+    if rank is None:
+        m = _RANK_TAG.search(body, 0, RANK_TAG_CHARS)
+        if m is not None:
+            if m.group(1) is not None:
+                rank = int(m.group(1))
+            elif int(m.group(2)) < int(m.group(3)):
+                rank = int(m.group(2))
+                a, b = m.span(2)
+                body = body[: a - 1] + body[b + len(m.group(3)) + 2 :]  # drop "(i/n)": not a counter
     if host is None and "NCCL" in body:
         m = _NCCL_HOST.search(body, 0, 200)
         if m:

@@ -4,6 +4,7 @@ import polars as pl
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.must_equal import describe
 from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.records.compare import agreement, describe_split
 from syncdoctor.rulebook import fmt_ranks
@@ -20,6 +21,9 @@ class StepMisalignment(Rule):
     accumulation counter (data length differs, an off-by-one `(i+1) % N`, a
     per-rank overflow skip), so ranks do not execute the same step semantics.
 
+    From logs alone: an update or epoch counter the ranks print differently at the
+    same step.
+
     **Quick check:** log micro-steps per update and optimizer-step counts per rank.
 
     **Fix:** give every rank the same number of micro-steps and optimizer steps: derive
@@ -31,13 +35,14 @@ class StepMisalignment(Rule):
     name = "step-misalignment"
     category = "sync.step_misalignment"
     title = "Step counters differ across ranks"
+    sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         div = ev.divergence
         micro = ev.micro_by_rank
         uneven_micro = len(set(micro.values())) > 1
         if not (div and "counter" in div.what) and not uneven_micro:
-            return None
+            return self._from_logs(ev) if not ev.has_records else None
         evidence = []
         ranks = set(div.ranks if div else [])
         step = div.step if div else None
@@ -69,6 +74,22 @@ class StepMisalignment(Rule):
             evidence.append("parameters stay identical: the extra work is silent (only counters reveal it)")
         confidence = 0.6 if ev.overflow_disagreement else 0.9
         return self.found(confidence, evidence, ranks=sorted(ranks), step=step, tensor=div.tensor if div else None)
+
+    def _from_logs(self, ev: Evidence) -> Finding | None:
+        p = ev.log_partings.get("counter")
+        if p is None:
+            return None
+        return self.found(
+            0.85,
+            [
+                "the ranks print a different update counter at the same step: "
+                + describe(p, describe_split)
+                + (f" ({p.where})" if p.where else "")
+            ],
+            ranks=agreement({r: repr(v) for r, v in p.values.items()}).odd,
+            step=p.step,
+            direct=True,
+        )
 
     @staticmethod
     def _off_their_rhythm(ev: Evidence, step: int | None) -> list[int]:

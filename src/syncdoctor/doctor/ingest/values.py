@@ -1,0 +1,128 @@
+"""Every key -> number pair a log line prints, whatever the format.
+
+No table of formats: the pairs come from the shapes people print numbers in,
+
+    key=value   key: value   key value   key is value   "key": value (JSON)
+    'key': value (Python dicts)   key:[ i/ n]   [i/n]   i / n   12.5ms   45%
+
+A number's key is the word (or, after ":" / "=" / "is", up to three words) right
+before it; a number with no word before it that opens an ``i/n`` counter is the
+line's ``counter``; other bare numbers are left out (they are parts of paths, ids,
+dates). Timestamps are blanked first, so "10:12:01" is not three pairs. Units and
+percent signs are dropped from the value (the key keeps its meaning).
+
+Keys are normalised (lower case, "_" for spaces and dashes, a trailing "(train)"
+dropped), so "Learning Rate", "learning-rate" and "learning_rate" are one key.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+# Dates, clock times and elapsed times ("2026-11-29", "10:12:01.123", "00:01<00:08")
+_TIMES = re.compile(r"\d{4}[-/]\d\d[-/]\d\d(?:[ T_-]\d\d:\d\d(?::\d\d)?(?:[.,]\d+)*)?|\d+:\d\d(?::\d\d)?(?:[.,]\d+)*")
+# A number not glued to a word before it ("log0", "v1.2"), with an optional unit
+# glued after it ("0.25s", "12ms", "3.2GB", "45%", "14.5it/s").
+_NUMBER = re.compile(
+    r"(?<![\w.])(?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf(?:inity)?))"
+    r"(?P<unit>%|[a-zA-Z]{1,3}(?:/s)?)?(?![\w.])",
+    re.IGNORECASE,
+)
+_TOTAL = re.compile(r"\s*/\s*(\d+)")
+# What may sit between a key and its number.
+_GAP = " \t:=\"'[(<"
+_WORD = re.compile(r"([A-Za-z_][\w.\-]{0,40}?)(\([A-Za-z]\w{0,20}\))?$")
+_STOP = {"is", "was", "are", "=", "to", "of", "at"}
+# glog headers ("I1130" then the pid), source locations ("train.py:52"): not keys
+_NOT_A_KEY = re.compile(r"^\d|^[a-z]?\d+$|_(?:py|cc|cpp|cu|h|c|rs|go|java)$")
+MAX_PAIRS = 64  # per line: a dump of a tensor is not a record of values
+
+
+def _normal(key: str) -> str:
+    return key.lower().replace("-", "_").replace(".", "_").replace(" ", "_").strip("_")
+
+
+def _key_before(text: str, end: int) -> tuple[str | None, bool]:
+    """The key of a number starting at ``end``: (key, it had a separator)."""
+    i = end
+    while i > 0 and text[i - 1] in _GAP:
+        i -= 1
+    gap = text[i:end]
+    separated = ":" in gap or "=" in gap
+    head = text[max(0, i - 120) : i]
+    if head.endswith(" is") or head.endswith(" Is"):
+        head = head[:-3].rstrip()
+        separated = True
+    m = _WORD.search(head)
+    if m is None:
+        return None, separated
+    words = [m.group(1)]
+    if separated:
+        # "Grad scale is small: 1e-26", "lm loss: 7.6": up to three words before a
+        # separator, stopping at any punctuation
+        rest = head[: m.start()]
+        while len(words) < 3:
+            if not rest.endswith(" ") or rest.endswith("  "):
+                break
+            w = re.search(r"([A-Za-z_][\w\-]{0,30})$", rest[:-1])
+            if w is None:
+                break
+            if w.group(1).lower() not in _STOP:
+                words.insert(0, w.group(1))
+            rest = rest[: w.start()]
+    key = _normal(" ".join(words))
+    if not key or _NOT_A_KEY.search(key):
+        return None, separated
+    return key, separated
+
+
+def line_values(body: str) -> dict[str, float]:
+    """The key -> number pairs of one line (the first value of a key wins).
+
+    ``i/n`` counters give ``key`` = i and ``key_total`` = n; a counter with no key
+    is ``counter``."""
+    text = _TIMES.sub(lambda m: " " * len(m.group(0)), body) if ":" in body or "-" in body else body
+    out: dict[str, float] = {}
+    skip_until = -1
+    for m in _NUMBER.finditer(text):
+        if len(out) >= MAX_PAIRS:
+            break
+        start = m.start()
+        if start < skip_until:
+            continue  # the total of a counter, already taken
+        before = text[start - 1] if start else ""
+        if before == "/" or (before in "-_" and start > 1 and text[start - 2].isalnum()):
+            continue  # a path or name part ("exp/2500/model-2.pt") or a rate's denominator
+        try:
+            value = float(m.group("num"))
+        except ValueError:
+            value = math.nan
+        total = _TOTAL.match(text, m.end())
+        key, _ = _key_before(text, start)
+        if key is None:
+            if total is None:
+                continue
+            key = "counter"
+        if total is not None:
+            skip_until = total.end(1)
+            if value == int(value):
+                out.setdefault(key + "_total", float(total.group(1)))
+            else:
+                total = None
+        out.setdefault(key, value)
+    return out
+
+
+# Keys that number the step a line was printed at (normalised), most telling first.
+STEP_KEYS = (
+    "global_step",
+    "step",
+    "train_step",
+    "iteration",
+    "iter",
+    "num_updates",
+    "update",
+    "updates",
+    "it",
+)
