@@ -19,7 +19,7 @@ from syncdoctor.doctor.ingest import events as ev
 from syncdoctor.doctor.ingest.fields import detect_srun_labels, parse_time, strip_prefixes
 from syncdoctor.doctor.ingest.files import SNIFF_BYTES, LogFile, discover, looks_binary, open_binary
 from syncdoctor.doctor.ingest.losses import LossParser, LossPoint, global_steps, split_records
-from syncdoctor.doctor.ingest.scan import MAX_LINE_BYTES, Chunk, TolerantStream, iter_chunks
+from syncdoctor.doctor.ingest.scan import HEAD_ROWS, MAX_LINE_BYTES, Chunk, TolerantStream, iter_chunks
 from syncdoctor.doctor.ingest.values import STEP_KEYS, line_values
 from syncdoctor.doctor.model import Event
 from syncdoctor.errors import InputError
@@ -87,6 +87,7 @@ class LogData:
     values: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=VALUES_SCHEMA))
     # files whose rank could not be told (no prefix, no rank field, no rank in the name)
     unranked: list[str] = field(default_factory=list)
+    n_lines: int = 0  # lines read, all files
 
 
 class _EventStore:
@@ -213,7 +214,7 @@ class _FileReader:
                         if "\r" not in text:
                             self._add_values(body, prefix.rank, line_no, last.rank, last.step is not None, True)
                         valued = True
-            if not valued and (eventish or "step" in low):
+            if not valued and (eventish or "step" in low or line_no <= HEAD_ROWS):
                 self._add_values(body, prefix.rank, line_no, None, True, False)
             # DeepSpeed's "step=2000, skipped=1995" carries only the step keyword,
             # yet its skip counter is the loss scaler's record of overflows.
@@ -565,6 +566,7 @@ def ingest_logs(paths: Sequence[str | os.PathLike[str]]) -> LogData:
     frames: list[pl.DataFrame] = []
     value_frames: list[pl.DataFrame] = []
     unranked: list[str] = []
+    n_lines = 0
     formats: dict[str, str] = {}
     read: list[str] = []
     for index, log in enumerate(logs):
@@ -589,6 +591,7 @@ def ingest_logs(paths: Sequence[str | os.PathLike[str]]) -> LogData:
         except (EOFError, zlib.error) as exc:
             warnings.append(f"{log.source}: truncated or corrupt compressed log ({exc})")
         read.append(log.source)
+        n_lines += reader.lines_read
         frame = reader.loss_frame()
         if frame is not None:
             frames.append(frame)
@@ -622,6 +625,7 @@ def ingest_logs(paths: Sequence[str | os.PathLike[str]]) -> LogData:
         formats=formats,
         values=pl.concat(value_frames) if value_frames else pl.DataFrame(schema=VALUES_SCHEMA),
         unranked=unranked,
+        n_lines=n_lines,
     )
 
 

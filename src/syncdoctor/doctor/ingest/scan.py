@@ -52,6 +52,8 @@ EVENT_LITERALS = (
     # NCCL's "Duplicate GPU detected", Horovod's "Stalled ops" / "[missing ranks: 1]",
     # DDP's "did not receive grad", loss-scale overflow (DeepSpeed, apex, MindSpore)
     "uplicate", "talled", "issing rank", "not receive", "verflow", "VERFLOW",
+    # Horovod's stall report: "... submitted ... by subset of ranks and are waiting ..."
+    "ubset of rank",
     # MindSpore: "This node could be redundant and is not successfully registered"
     "edundant",
 )  # fmt: skip
@@ -63,6 +65,16 @@ def _alternation(literals: tuple[str, ...]) -> str:
 
 CANDIDATE_PATTERN = _alternation(LOSS_LITERALS + EVENT_LITERALS)
 EVENT_PATTERN = _alternation(EVENT_LITERALS)
+# A line a logger marked as a warning or worse, or a traceback's first line, is an
+# event even when it holds none of the keywords above. Such lines can be most of a
+# noisy log (library deprecation warnings), so only the first LEVEL_HEAD and last
+# LEVEL_TAIL of each block reach Python: the event store keeps no more per kind anyway.
+LEVEL_PATTERN = r"WARN|Warn|FATAL|Fatal|CRITICAL|Critical|Traceback"
+LEVEL_HEAD = 200
+LEVEL_TAIL = 50
+# The first lines of a file are read whatever they hold: what each rank prints once
+# at start (versions, world size, configuration) is compared across ranks.
+HEAD_ROWS = 200
 
 _CSV_OPTIONS = {
     "has_header": False,
@@ -176,9 +188,10 @@ def _split_lines(block: bytes) -> pl.DataFrame:
 _Scanned = tuple[pl.DataFrame, list[int], list[str], list[bool], list[int]]
 
 
-def _scan_block(block: bytes) -> _Scanned:
+def _scan_block(block: bytes, head_rows: int = 0) -> _Scanned:
     """Split one block into lines and keep the candidates (runs off the main thread:
-    polars releases the GIL, so Python parses the previous chunk meanwhile)."""
+    polars releases the GIL, so Python parses the previous chunk meanwhile); the
+    first ``head_rows`` lines are candidates whatever they hold."""
     frame = _split_lines(block)
     # A long line inside a block (a 10 MB dump) is cut like one spanning blocks,
     # so no regex, Rust or Python, ever walks more than MAX_LINE_BYTES of a line.
@@ -187,13 +200,23 @@ def _scan_block(block: bytes) -> _Scanned:
     if frame.height and (lengths.max() or 0) > MAX_LINE_BYTES:  # type: ignore[operator]
         long_rows = (lengths > MAX_LINE_BYTES).arg_true().to_list()
         frame = frame.with_columns(pl.col("l").str.head(MAX_LINE_BYTES))
-    cand = (
+    marked = (
         frame.lazy()
         .with_row_index("i")
-        .filter(pl.col("l").str.contains(CANDIDATE_PATTERN))
-        .with_columns(pl.col("l").str.contains(EVENT_PATTERN).alias("ev"))
+        .with_columns(
+            pl.col("l").str.contains(CANDIDATE_PATTERN).fill_null(False).alias("c"),
+            pl.col("l").str.contains(LEVEL_PATTERN).fill_null(False).alias("lv"),
+        )
+        .filter(pl.col("c") | pl.col("lv") | (pl.col("i") < head_rows))
         .collect()
     )
+    level_only = marked.filter(~pl.col("c") & pl.col("lv"))
+    if level_only.height > LEVEL_HEAD + LEVEL_TAIL:
+        drop = level_only["i"].slice(LEVEL_HEAD, level_only.height - LEVEL_HEAD - LEVEL_TAIL)
+        marked = marked.filter(~pl.col("i").is_in(drop.implode()) | (pl.col("i") < head_rows))
+    cand = marked.with_columns(
+        (pl.col("l").str.contains(EVENT_PATTERN).fill_null(False) | pl.col("lv")).alias("ev")
+    ).filter(pl.col("l").is_not_null())
     return frame, cand["i"].to_list(), cand["l"].to_list(), cand["ev"].to_list(), long_rows
 
 
@@ -221,8 +244,8 @@ def iter_chunks(stream: BinaryIO | TolerantStream, chunk_bytes: int = CHUNK_BYTE
         return chunk
 
     with ThreadPoolExecutor(max_workers=1) as pool:
-        for block, truncated in _blocks(stream, chunk_bytes):
-            ahead.append((pool.submit(_scan_block, block), truncated))
+        for n, (block, truncated) in enumerate(_blocks(stream, chunk_bytes)):
+            ahead.append((pool.submit(_scan_block, block, HEAD_ROWS if n == 0 else 0), truncated))
             if len(ahead) > 1:
                 yield finish(ahead.popleft())
         while ahead:

@@ -33,7 +33,7 @@ _TOTAL = re.compile(r"\s*/\s*(\d+)")
 # What may sit between a key and its number.
 _GAP = " \t:=\"'[(<"
 _WORD = re.compile(r"([A-Za-z_][\w.\-]{0,40}?)(\([A-Za-z]\w{0,20}\))?$")
-_STOP = {"is", "was", "are", "=", "to", "of", "at"}
+_STOP = {"is", "was", "are", "to", "of", "at", "from", "by", "now", "be"}
 # glog headers ("I1130" then the pid), source locations ("train.py:52"): not keys
 _NOT_A_KEY = re.compile(r"^\d|^[a-z]?\d+$|_(?:py|cc|cpp|cu|h|c|rs|go|java)$")
 MAX_PAIRS = 64  # per line: a dump of a tensor is not a record of values
@@ -57,6 +57,13 @@ def _key_before(text: str, end: int) -> tuple[str | None, bool]:
     m = _WORD.search(head)
     if m is None:
         return None, separated
+    if m.group(1).lower() in _STOP and head[: m.start()].endswith(" "):
+        # "loss scale dropped to 0.5", "scale fell from 8": the key is before the preposition
+        head = head[: m.start()].rstrip()
+        separated = True
+        m = _WORD.search(head)
+        if m is None:
+            return None, separated
     words = [m.group(1)]
     if separated:
         # "Grad scale is small: 1e-26", "lm loss: 7.6": up to three words before a
