@@ -214,8 +214,9 @@ class _FileReader:
                         if "\r" not in text:
                             self._add_values(body, prefix.rank, line_no, last.rank, last.step is not None, True)
                         valued = True
-            if not valued and (eventish or "step" in low or line_no <= HEAD_ROWS):
+            if not valued and ("step" in low or line_no <= HEAD_ROWS):
                 self._add_values(body, prefix.rank, line_no, None, True, False)
+                valued = True
             # DeepSpeed's "step=2000, skipped=1995" carries only the step keyword,
             # yet its skip counter is the loss scaler's record of overflows.
             if eventish or "skipped=" in low:
@@ -224,6 +225,8 @@ class _FileReader:
                     if t is None:
                         t = self._time(body)
                     self._add_event(match, chunk, line_no, text, prefix.rank, prefix.host, t)
+                    if not valued:  # the numbers an event line states ("scale is small: 1e-26")
+                        self._add_values(body, prefix.rank, line_no, None, True, False)
 
     def _add_values(
         self,

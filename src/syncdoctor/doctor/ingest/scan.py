@@ -54,6 +54,8 @@ EVENT_LITERALS = (
     "uplicate", "talled", "issing rank", "not receive", "verflow", "VERFLOW",
     # Horovod's stall report: "... submitted ... by subset of ranks and are waiting ..."
     "ubset of rank",
+    # logger levels worse than ERROR, and a traceback's head (it may be cut before its exception)
+    "FATAL", "raceback",
     # MindSpore: "This node could be redundant and is not successfully registered"
     "edundant",
 )  # fmt: skip
@@ -65,13 +67,14 @@ def _alternation(literals: tuple[str, ...]) -> str:
 
 CANDIDATE_PATTERN = _alternation(LOSS_LITERALS + EVENT_LITERALS)
 EVENT_PATTERN = _alternation(EVENT_LITERALS)
-# A line a logger marked as a warning or worse, or a traceback's first line, is an
-# event even when it holds none of the keywords above. Such lines can be most of a
-# noisy log (library deprecation warnings), so only the first LEVEL_HEAD and last
-# LEVEL_TAIL of each block reach Python: the event store keeps no more per kind anyway.
+# The first block of a file is also read for lines a logger marked as warnings
+# (WARNING, CRITICAL ...), though they hold no keyword above: they say what a short
+# log holds. Only the first LEVEL_HEAD and last LEVEL_TAIL of them reach Python, and
+# later blocks are not searched for them (the literal scan above stays one pass).
 LEVEL_PATTERN = r"WARN|Warn|FATAL|Fatal|CRITICAL|Critical|Traceback"
 LEVEL_HEAD = 200
 LEVEL_TAIL = 50
+ANY_PATTERN = CANDIDATE_PATTERN + "|" + LEVEL_PATTERN
 # The first lines of a file are read whatever they hold: what each rank prints once
 # at start (versions, world size, configuration) is compared across ranks.
 HEAD_ROWS = 200
@@ -200,23 +203,31 @@ def _scan_block(block: bytes, head_rows: int = 0) -> _Scanned:
     if frame.height and (lengths.max() or 0) > MAX_LINE_BYTES:  # type: ignore[operator]
         long_rows = (lengths > MAX_LINE_BYTES).arg_true().to_list()
         frame = frame.with_columns(pl.col("l").str.head(MAX_LINE_BYTES))
-    marked = (
+    if not head_rows:
+        cand = (
+            frame.lazy()
+            .with_row_index("i")
+            .filter(pl.col("l").str.contains(CANDIDATE_PATTERN))
+            .with_columns(pl.col("l").str.contains(EVENT_PATTERN).alias("ev"))
+            .collect()
+        )
+        return frame, cand["i"].to_list(), cand["l"].to_list(), cand["ev"].to_list(), long_rows
+    passed = (
         frame.lazy()
         .with_row_index("i")
-        .with_columns(
-            pl.col("l").str.contains(CANDIDATE_PATTERN).fill_null(False).alias("c"),
-            pl.col("l").str.contains(LEVEL_PATTERN).fill_null(False).alias("lv"),
-        )
-        .filter(pl.col("c") | pl.col("lv") | (pl.col("i") < head_rows))
+        .filter(pl.col("l").str.contains(ANY_PATTERN) | (pl.col("i") < head_rows))
         .collect()
     )
-    level_only = marked.filter(~pl.col("c") & pl.col("lv"))
+    keep = passed["l"].str.contains(CANDIDATE_PATTERN).fill_null(False) | (passed["i"] < head_rows)
+    cand = passed.filter(keep)
+    level_only = passed.filter(~keep)
     if level_only.height > LEVEL_HEAD + LEVEL_TAIL:
-        drop = level_only["i"].slice(LEVEL_HEAD, level_only.height - LEVEL_HEAD - LEVEL_TAIL)
-        marked = marked.filter(~pl.col("i").is_in(drop.implode()) | (pl.col("i") < head_rows))
-    cand = marked.with_columns(
-        (pl.col("l").str.contains(EVENT_PATTERN).fill_null(False) | pl.col("lv")).alias("ev")
-    ).filter(pl.col("l").is_not_null())
+        level_only = pl.concat([level_only.head(LEVEL_HEAD), level_only.tail(LEVEL_TAIL)])
+    if level_only.height:
+        cand = pl.concat([cand, level_only]).sort("i")
+    cand = cand.filter(pl.col("l").is_not_null()).with_columns(
+        (pl.col("l").str.contains(EVENT_PATTERN) | pl.col("l").str.contains(LEVEL_PATTERN)).alias("ev")
+    )
     return frame, cand["i"].to_list(), cand["l"].to_list(), cand["ev"].to_list(), long_rows
 
 

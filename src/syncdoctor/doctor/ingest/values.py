@@ -84,16 +84,20 @@ def _key_before(text: str, end: int) -> tuple[str | None, bool]:
     return key, separated
 
 
-def line_values(body: str) -> dict[str, float]:
-    """The key -> number pairs of one line (the first value of a key wins).
+_DIGITS = re.compile(r"\d+")
+_Role = tuple[str, bool] | None  # (key, is the total of a counter) or None: not a value
+_PLANS: dict[str, list[_Role]] = {}
+MAX_PLANS = 4096
 
-    ``i/n`` counters give ``key`` = i and ``key_total`` = n; a counter with no key
-    is ``counter``."""
-    text = _TIMES.sub(lambda m: " " * len(m.group(0)), body) if ":" in body or "-" in body else body
-    out: dict[str, float] = {}
+
+def _plan(text: str, matches: list[re.Match[str]]) -> list[_Role]:
+    """What each number of a line is: its key, the total of a counter, or nothing."""
+    roles: list[_Role] = [None] * len(matches)
+    by_start = {m.start(): i for i, m in enumerate(matches)}
     skip_until = -1
-    for m in _NUMBER.finditer(text):
-        if len(out) >= MAX_PAIRS:
+    keys = 0
+    for i, m in enumerate(matches):
+        if keys >= MAX_PAIRS:
             break
         start = m.start()
         if start < skip_until:
@@ -101,23 +105,48 @@ def line_values(body: str) -> dict[str, float]:
         before = text[start - 1] if start else ""
         if before == "/" or (before in "-_" and start > 1 and text[start - 2].isalnum()):
             continue  # a path or name part ("exp/2500/model-2.pt") or a rate's denominator
-        try:
-            value = float(m.group("num"))
-        except ValueError:
-            value = math.nan
         total = _TOTAL.match(text, m.end())
         key, _ = _key_before(text, start)
         if key is None:
             if total is None:
                 continue
             key = "counter"
+        roles[i] = (key, False)
+        keys += 1
         if total is not None:
             skip_until = total.end(1)
-            if value == int(value):
-                out.setdefault(key + "_total", float(total.group(1)))
-            else:
-                total = None
-        out.setdefault(key, value)
+            j = by_start.get(total.start(1))
+            if j is not None and "." not in m.group("num") and "e" not in m.group("num").lower():
+                roles[j] = (key + "_total", True)
+    return roles
+
+
+def line_values(body: str) -> dict[str, float]:
+    """The key -> number pairs of one line (the first value of a key wins).
+
+    ``i/n`` counters give ``key`` = i and ``key_total`` = n; a counter with no key
+    is ``counter``. A log repeats a few line shapes, differing in their digits: what
+    each number is, is worked out once per shape (digit runs collapsed), as the loss
+    parser does."""
+    text = _TIMES.sub(lambda m: " " * len(m.group(0)), body) if ":" in body or "-" in body else body
+    matches = list(_NUMBER.finditer(text))
+    if not matches:
+        return {}
+    shape = _DIGITS.sub("0", text)
+    roles = _PLANS.get(shape)
+    if roles is None or len(roles) != len(matches):
+        roles = _plan(text, matches)
+        if len(_PLANS) < MAX_PLANS:
+            _PLANS[shape] = roles
+    out: dict[str, float] = {}
+    for m, role in zip(matches, roles, strict=True):
+        if role is None:
+            continue
+        try:
+            value = float(m.group("num"))
+        except ValueError:
+            value = math.nan
+        out.setdefault(role[0], value)
     return out
 
 
