@@ -604,6 +604,30 @@ class Evidence:
         return partings(values) if isinstance(values, pl.DataFrame) else {}
 
     @cached_property
+    def hang_picture(self) -> dict[int, dict[str, Any]]:
+        """From the logs of a job that timed out: for each rank, the last step it
+        printed before its own first wait or timeout, and that first wait (or none:
+        the rank never said it waited). {rank: {"last_step", "wait"}}; empty when
+        nothing timed out or fewer than two ranks printed steps."""
+        waits = [e for e in self.events_of("timeout", "watchdog") if e.rank is not None]
+        if not waits or self.has_records or not self.losses.height or self.logs is None:
+            return {}
+        first: dict[int, Event] = {}
+        for e in waits:
+            best = first.get(int(e.rank))  # type: ignore[arg-type] # rank is set: filtered above
+            if best is None or (e.t is not None and best.t is not None and e.t < best.t):
+                first[int(e.rank)] = e  # type: ignore[arg-type]
+        rows = self.logs.losses.filter(pl.col("rank").is_not_null() & pl.col("step").is_not_null())
+        out: dict[int, dict[str, Any]] = {}
+        for (rank,), part in rows.group_by(["rank"]):
+            wait = first.get(int(rank))
+            if wait is not None and wait.source in set(part["source"].to_list()) and wait.line is not None:
+                part = part.filter((pl.col("source") != wait.source) | (pl.col("line") < wait.line))
+            if part.height:
+                out[int(rank)] = {"last_step": int(part["step"].max()), "wait": wait}
+        return out if len(out) > 1 else {}
+
+    @cached_property
     def hyperparameter_drift(self) -> tuple[int, dict[int, Any]] | None:
         """The first step at which the ranks' learning rates differ (a schedule or a
         manual change applied on some ranks only): (step, {rank: lr})."""

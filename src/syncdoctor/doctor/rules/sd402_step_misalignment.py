@@ -78,7 +78,7 @@ class StepMisalignment(Rule):
     def _from_logs(self, ev: Evidence) -> Finding | None:
         p = ev.log_partings.get("counter")
         if p is None:
-            return None
+            return self._hung_apart(ev)
         return self.found(
             0.85,
             [
@@ -90,6 +90,33 @@ class StepMisalignment(Rule):
             step=p.step,
             direct=True,
         )
+
+    @staticmethod
+    def _print_interval(ev: Evidence) -> int:
+        gaps = ev.losses.sort("rank", "step").group_by("rank").agg(pl.col("step").diff().median().alias("g"))
+        return int(max((g for g in gaps["g"].to_list() if g is not None), default=1))
+
+    def _hung_apart(self, ev: Evidence) -> Finding | None:
+        """A hang read as who waited for whom: the ranks stopped at steps further apart
+        than one print interval before their first timeout. The rank behind is where the
+        job stopped; the others' timeouts are the consequence."""
+        picture = ev.hang_picture
+        if not picture:
+            return None
+        last = {r: info["last_step"] for r, info in picture.items()}
+        lo, hi = min(last.values()), max(last.values())
+        if hi - lo <= self._print_interval(ev):
+            return None
+        behind = sorted(r for r, s in last.items() if s == lo)
+        evidence = ["the ranks stopped at different steps: " + describe_split(last, lambda s: f"last step {s}")]
+        for r in sorted(picture):
+            wait = picture[r]["wait"]
+            if wait is not None:
+                evidence.append(f"rank {r} then waited: {wait.source}:{wait.line}: {wait.raw[:160]}")
+            else:
+                evidence.append(f"rank {r} never reported a wait: it was busy elsewhere while the others waited")
+        evidence.append("the timeouts are the consequence: the ranks were in different steps' collectives")
+        return self.found(0.85, evidence, ranks=behind, step=lo)
 
     @staticmethod
     def _off_their_rhythm(ev: Evidence, step: int | None) -> list[int]:
