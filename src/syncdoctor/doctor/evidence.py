@@ -604,6 +604,15 @@ class Evidence:
         return partings(values) if isinstance(values, pl.DataFrame) else {}
 
     @cached_property
+    def rank_only_keys(self) -> list[Any]:
+        """From the logs: keys some ranks add to the step line every rank prints and
+        the others never print (must_equal.RankOnlyKey)."""
+        from syncdoctor.doctor.must_equal import rank_only_keys
+
+        values = getattr(self.logs, "values", None)
+        return rank_only_keys(values) if isinstance(values, pl.DataFrame) else []
+
+    @cached_property
     def hang_picture(self) -> dict[int, dict[str, Any]]:
         """From the logs of a job that timed out: for each rank, the last step it
         printed before its own first wait or timeout, and that first wait (or none:

@@ -147,3 +147,70 @@ def describe(p: Parting, split: Any) -> str:
     before = f", equal on every rank at the {p.agreed_steps} steps compared before" if p.agreed_steps else ""
     others = f" (also {', '.join(p.all_keys[:4])})" if p.all_keys else ""
     return f"`{p.key}` at step {p.step}: {split(p.values)}{before}{others}"
+
+
+# Keys whose presence says who prints, not what the step did.
+_WHO = re.compile(r"rank|worker|pid|device|gpu|host|node|counter|_total$")
+PRESENT = 0.8  # a key a rank prints on this share of its step lines, or more
+
+
+@dataclass
+class RankOnlyKey:
+    """A key some ranks print on every step line and the others never do."""
+
+    key: str
+    printing: list[int]
+    silent: list[int]
+    steps: int  # shared steps compared
+    anchor: str  # a key every rank prints on the same lines
+    first_step: int
+
+
+def rank_only_keys(values: pl.DataFrame) -> list[RankOnlyKey]:
+    """Keys that some ranks add to the step line every rank prints, at the same
+    steps, and that the other ranks never print: the ranks ran different code at
+    each step (a rank-conditional branch)."""
+    if not values.height:
+        return []
+    frame = values.filter(pl.col("rank").is_not_null() & pl.col("step").is_not_null())
+    ranks = sorted(frame["rank"].unique().to_list())
+    if len(ranks) < 2:
+        return []
+    per_rank_steps = frame.group_by("rank").agg(pl.col("step").unique())
+    shared = set.intersection(*(set(s) for s in per_rank_steps["step"].to_list()))
+    if len(shared) < LEARN_STEPS:
+        return []
+    frame = frame.filter(pl.col("step").is_in(list(shared)))
+    n = len(shared)
+    # the share of shared steps at which each rank prints each key
+    share = frame.group_by(["rank", "key"]).agg((pl.col("step").n_unique() / n).alias("share"))
+    table: dict[str, dict[int, float]] = {}
+    for rank, key, s in share.iter_rows():
+        table.setdefault(str(key), {})[int(rank)] = float(s)
+    anchors = [k for k, per in table.items() if len(per) == len(ranks) and min(per.values()) >= PRESENT]
+    if not anchors:
+        return []
+    anchor = "loss" if "loss" in anchors else sorted(anchors)[0]
+    anchor_lines = frame.filter(pl.col("key") == anchor).select("rank", "line", "source")
+    on_anchor_lines = frame.join(anchor_lines, on=["rank", "line", "source"], how="semi")
+    found = []
+    for key, per in sorted(table.items()):
+        if _WHO.search(key) or key in _INDEX or len(per) == len(ranks):
+            continue
+        printing = sorted(r for r, s in per.items() if s >= PRESENT)
+        if not printing or len(per) != len(printing):
+            continue  # printed now and then: not a branch taken at every step
+        rows = on_anchor_lines.filter(pl.col("key") == key)
+        if rows["step"].n_unique() < PRESENT * n:
+            continue  # on lines of its own, not on the step line every rank prints
+        found.append(
+            RankOnlyKey(
+                key=key,
+                printing=printing,
+                silent=[r for r in ranks if r not in per],
+                steps=n,
+                anchor=anchor,
+                first_step=int(rows["step"].cast(pl.Int64).min() or 0),
+            )
+        )
+    return found
