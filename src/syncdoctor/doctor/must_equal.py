@@ -44,14 +44,14 @@ _LOCAL = re.compile(
 # Keys that number the step a line was printed at: the index of the comparison.
 _INDEX = {"step", "steps", "train_step", "iteration", "iter", "it", "global_step", "counter"}
 
-KINDS = ("optim", "scale", "counter", "learned")
+KINDS = ("optim", "scale", "counter", "learned", "size")
 
 
 @dataclass
 class Parting:
     """The first step at which one key's value differs across ranks."""
 
-    kind: str  # optim | scale | counter | learned
+    kind: str  # optim | scale | counter | learned | size (the job's size, at start)
     key: str
     step: int
     values: dict[int, float]
@@ -75,10 +75,56 @@ def kind_of(key: str) -> str | None:
     return None
 
 
+# What every rank prints once at start that must be the same everywhere: the
+# optimizer's settings (by KIND_OF) and the size of the job.
+_START_SIZE = re.compile(r"^(?:world_size|num_processes|num_gpus|nprocs?|n_gpus|ngpus|total_gpus|world)$")
+
+
+def start_partings(values: pl.DataFrame) -> dict[str, Parting]:
+    """Values printed before any step (no step on their line) whose first value
+    differs across ranks: {"optim" or "size": Parting at step 0}."""
+    frame = values.filter(pl.col("rank").is_not_null() & pl.col("step").is_null() & pl.col("value").is_finite())
+    if frame.is_empty() or frame["rank"].n_unique() < 2:
+        return {}
+    first = frame.sort("line").unique(["rank", "key"], keep="first", maintain_order=True)
+    found: dict[str, Parting] = {}
+    for (key,), group in first.group_by(["key"], maintain_order=True):
+        key = str(key)
+        kind = "size" if _START_SIZE.search(key) else kind_of(key)
+        if kind not in ("optim", "size") or group.height < 2:
+            continue
+        lo, hi = group["value"].min(), group["value"].max()
+        if not isinstance(lo, float) or not isinstance(hi, float) or hi - lo <= REL_TOL * max(abs(hi), abs(lo)):
+            continue
+        group = group.sort("rank")
+        if kind not in found:
+            found[kind] = Parting(
+                kind=kind,
+                key=key,
+                step=0,
+                values={int(r): float(v) for r, v in zip(group["rank"], group["value"], strict=True)},
+                agreed_steps=0,
+                source=str(group["source"][0]),
+                line=int(group["line"][0]),
+            )
+        else:
+            found[kind].all_keys.append(key)
+    return found
+
+
 def partings(values: pl.DataFrame) -> dict[str, Parting]:
-    """The first parting of each kind (earliest step; then the first key in the line)."""
+    """The first parting of each kind (earliest step; then the first key in the line);
+    what differs already at start (``start_partings``) comes first."""
     if not values.height:
         return {}
+    at_start = start_partings(values)
+    found = _step_partings(values)
+    for kind, p in at_start.items():
+        found[kind if kind != "size" else "size"] = p
+    return found
+
+
+def _step_partings(values: pl.DataFrame) -> dict[str, Parting]:
     frame = (
         values.filter(
             pl.col("rank").is_not_null()
@@ -146,7 +192,8 @@ def describe(p: Parting, split: Any) -> str:
     """`lr at step 142: 0.00016 (rank 0) vs 0.1 (rank 1)`, with what came before."""
     before = f", equal on every rank at the {p.agreed_steps} steps compared before" if p.agreed_steps else ""
     others = f" (also {', '.join(p.all_keys[:4])})" if p.all_keys else ""
-    return f"`{p.key}` at step {p.step}: {split(p.values)}{before}{others}"
+    when = f"at step {p.step}" if p.step else "at start (printed once, before any step)"
+    return f"`{p.key}` {when}: {split(p.values)}{before}{others}"
 
 
 # Keys whose presence says who prints, not what the step did.

@@ -50,22 +50,25 @@ def _key_before(text: str, end: int) -> tuple[str | None, bool]:
         i -= 1
     gap = text[i:end]
     separated = ":" in gap or "=" in gap
+    # "lm loss: 7.6", "grad scale is small: 1e-26": a key of several words before ":"
+    # or "is"; "key=value" keys are one token ("SGD momentum=0.9" is momentum)
+    phrase = ":" in gap
     head = text[max(0, i - 120) : i]
     if head.endswith(" is") or head.endswith(" Is"):
         head = head[:-3].rstrip()
-        separated = True
+        separated = phrase = True
     m = _WORD.search(head)
     if m is None:
         return None, separated
     if m.group(1).lower() in _STOP and head[: m.start()].endswith(" "):
         # "loss scale dropped to 0.5", "scale fell from 8": the key is before the preposition
         head = head[: m.start()].rstrip()
-        separated = True
+        separated = phrase = True
         m = _WORD.search(head)
         if m is None:
             return None, separated
     words = [m.group(1)]
-    if separated:
+    if phrase:
         # "Grad scale is small: 1e-26", "lm loss: 7.6": up to three words before a
         # separator, stopping at any punctuation
         rest = head[: m.start()]

@@ -82,7 +82,7 @@ class StepMisalignment(Rule):
         return self.found(
             0.85,
             [
-                "the ranks print a different update counter at the same step: "
+                "the ranks print a different update counter: "
                 + describe(p, describe_split)
                 + (f" ({p.where})" if p.where else "")
             ],

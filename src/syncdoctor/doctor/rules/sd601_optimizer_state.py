@@ -112,7 +112,7 @@ class OptimizerStateMismatch(Rule):
         counter = partings.get("counter")
         evidence = [
             (
-                "the ranks print a different optimizer value at the same step: "
+                "the ranks print a different optimizer value: "
                 if not learned
                 else "a value every rank printed alike, step after step, parts: "
             )

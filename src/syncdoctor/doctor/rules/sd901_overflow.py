@@ -51,7 +51,7 @@ class OverflowDisagreement(Rule):
             return self.found(
                 0.9,
                 [
-                    "the ranks print a different loss scale at the same step: "
+                    "the ranks print a different loss scale: "
                     + describe(p, describe_split)
                     + (f" ({p.where})" if p.where else "")
                     + "; the scale halves on each overflow, so the ranks skipped different steps"
