@@ -48,3 +48,21 @@ def test_kinds_by_name() -> None:
     assert kind_of("loss_scale") == kind_of("grad_scale_small") == "scale"
     assert kind_of("num_updates") == kind_of("epoch") == "counter"
     assert kind_of("loss") is None and kind_of("gnorm") is None
+
+
+def test_host_labels_peeled_and_ranks_behind_them_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from syncdoctor.doctor.ingest import ingest_logs
+
+    lines = []
+    for step in range(1, 6):
+        for host, rank in (("trn-a-07", 0), ("trn-b-11", 1)):
+            lr = 0.5 if rank == 1 and step >= 3 else 0.1
+            lines.append(f"{host}: [RANK {rank}] step={step} loss={1.0 / step:.3f} lr={lr}")
+    log = tmp_path / "job.out"
+    log.write_text("\n".join(lines) + "\n")
+    data = ingest_logs([log])
+    assert sorted(data.losses["rank"].unique().to_list()) == [0, 1]
+    from syncdoctor.doctor.must_equal import partings
+
+    p = partings(data.values)["optim"]
+    assert (p.key, p.step, p.values) == ("lr", 3, {0: 0.1, 1: 0.5})

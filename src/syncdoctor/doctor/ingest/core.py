@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 
 from syncdoctor.doctor.ingest import events as ev
-from syncdoctor.doctor.ingest.fields import detect_srun_labels, parse_time, strip_prefixes
+from syncdoctor.doctor.ingest.fields import detect_host_labels, detect_srun_labels, parse_time, strip_prefixes
 from syncdoctor.doctor.ingest.files import SNIFF_BYTES, LogFile, discover, looks_binary, open_binary
 from syncdoctor.doctor.ingest.losses import LossParser, LossPoint, global_steps, split_records
 from syncdoctor.doctor.ingest.scan import HEAD_ROWS, MAX_LINE_BYTES, Chunk, TolerantStream, iter_chunks
@@ -145,6 +145,7 @@ class _FileReader:
         self.n_events = 0
         self.year_hint: int | None = None
         self.srun_labels = False
+        self.host_labels = False
         self.consumed: set[int] = set()
         self.timed_shapes: dict[str, bool] = {}  # loss-line shape -> carries a timestamp
         # (rank, line, printed step or None, {key: value}, has a loss point)
@@ -173,7 +174,9 @@ class _FileReader:
             first = True
             for chunk in iter_chunks(source):
                 if first:
-                    self.srun_labels = detect_srun_labels(chunk.frame["l"].head(200).to_list())
+                    head_lines = chunk.frame["l"].head(200).to_list()
+                    self.srun_labels = detect_srun_labels(head_lines)
+                    self.host_labels = not self.srun_labels and detect_host_labels(head_lines)
                     first = False
                 self._chunk(chunk)
                 self.lines_read = chunk.first_line + chunk.n_lines - 1
@@ -194,7 +197,7 @@ class _FileReader:
             if not text or line_no in self.consumed:
                 continue
             line = text[:PARSE_CHARS]
-            prefix = strip_prefixes(line, self.srun_labels)
+            prefix = strip_prefixes(line, self.srun_labels, self.host_labels)
             body = prefix.body
             low = body.lower()
             t: float | None = None

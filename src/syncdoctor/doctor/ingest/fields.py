@@ -30,6 +30,11 @@ RANK_TAG_CHARS = 160
 _RAY_PREFIX = re.compile(r"\((?:\w+ )?pid=\d+(?:, ip=([\w.:-]+))?\)\s?")
 # srun --label: "3: text". Only trusted when most of a file's lines carry it.
 SRUN_PREFIX = re.compile(r"\s*(\d{1,5}): ")
+# "gpu-node-3: text" - pdsh/DeepSpeed's multi-node runner and `srun` wrappers put the
+# host name in front of every line. Only trusted when most of a file's lines carry
+# it and the label looks like a host (a digit, "-" or "." in it, not a log level).
+HOST_PREFIX = re.compile(r"([A-Za-z][\w.-]{0,62}): ")
+_NOT_HOSTS = {"info", "warning", "warn", "error", "debug", "critical", "fatal", "note", "epoch", "step", "loss"}
 # "host:pid:tid [dev] NCCL INFO ..." - NCCL_DEBUG lines name their host.
 _NCCL_HOST = re.compile(r"([\w.-]+):\d+:\d+ \[\d+\] (?:\S+ )?NCCL ")
 
@@ -41,11 +46,16 @@ class Prefix:
     host: str | None = None
 
 
-def strip_prefixes(line: str, srun_labels: bool) -> Prefix:
+def strip_prefixes(line: str, srun_labels: bool, host_labels: bool = False) -> Prefix:
     """Peel launcher prefixes off a line; the innermost rank wins (the most specific)."""
     rank: int | None = None
     host: str | None = None
     body = line
+    if host_labels:
+        m = HOST_PREFIX.match(body)
+        if m is not None and _looks_like_host(m.group(1)):
+            host = m.group(1)
+            body = body[m.end() :]
     for _ in range(4):  # prefixes nest: "[default0]:[rank0]:[E1129 ...]"
         if not body:
             break
@@ -140,6 +150,22 @@ def _to_unix(year: int, month: int, day: int, hh: int, mm: int, ss: int, frac: f
     if not (1970 <= year <= 2200 and 1 <= month <= 12 and 1 <= day <= 31 and hh < 24 and mm < 60 and ss <= 60):
         return None
     return calendar.timegm((year, month, day, hh, mm, ss, 0, 0, 0)) + frac
+
+
+def _looks_like_host(label: str) -> bool:
+    return label.lower() not in _NOT_HOSTS and any(c.isdigit() or c in "-." for c in label)
+
+
+def detect_host_labels(lines: list[str | None]) -> bool:
+    """True when most non-empty lines start with a host-name label "gpu-node-3: "."""
+    texts = [t for t in lines if t]
+    if len(texts) < 4:
+        return False
+    hits = 0
+    for t in texts:
+        m = HOST_PREFIX.match(t)
+        hits += bool(m and _looks_like_host(m.group(1)))
+    return hits >= 0.6 * len(texts)
 
 
 def detect_srun_labels(lines: list[str | None]) -> bool:
