@@ -369,6 +369,14 @@ RULES: tuple[Rule, ...] = (
         _re(r"exit(?:ed)?(?: with)?(?: exit)?\s*(?:code|status)\s*[:=]?\s*-?\d+|exitcode\s*[:=]\s*-?\d+"),
     ),
     # --- what the logger itself marked, when nothing above named it --------------------------
+    # a framework's error code that no rule above names: CANN's EI/EE/EJ/EZ/EH/EL codes,
+    # MPI's "MPI_ABORT"; what failed is in the code's own message
+    Rule(
+        "framework_error_code",
+        "error",
+        ("ei", "ee", "ej", "ez", "eh", "el", "mpi_"),
+        _re(r"\bE[EIJZHL]\d{4}\b|\bMPI_(?:ABORT|ERR_\w+)", 0),
+    ),
     Rule("traceback_start", "error", ("traceback",), _re(r"Traceback \(most recent call last\)", 0)),
     # levels as loggers print them: "[ERROR]", " - ERROR - ", "ERROR:root:", "E1130 12:00:01",
     # "| ERROR |", "ERROR [file.py:10]"; a level word inside a sentence is not a level

@@ -226,7 +226,11 @@ def _scan_block(block: bytes, head_rows: int = 0) -> _Scanned:
     if level_only.height:
         cand = pl.concat([cand, level_only]).sort("i")
     cand = cand.filter(pl.col("l").is_not_null()).with_columns(
-        (pl.col("l").str.contains(EVENT_PATTERN) | pl.col("l").str.contains(LEVEL_PATTERN)).alias("ev")
+        (
+            pl.col("l").str.contains(EVENT_PATTERN)
+            | pl.col("l").str.contains(LEVEL_PATTERN)
+            | (pl.col("i") < head_rows)
+        ).alias("ev")
     )
     return frame, cand["i"].to_list(), cand["l"].to_list(), cand["ev"].to_list(), long_rows
 
