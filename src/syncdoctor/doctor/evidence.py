@@ -616,9 +616,11 @@ class Evidence:
     def hang_picture(self) -> dict[int, dict[str, Any]]:
         """From the logs of a job that timed out: for each rank, the last step it
         printed before its own first wait or timeout, and that first wait (or none:
-        the rank never said it waited). {rank: {"last_step", "wait"}}; empty when
-        nothing timed out or fewer than two ranks printed steps."""
-        waits = [e for e in self.events_of("timeout", "watchdog") if e.rank is not None]
+        the rank never said it waited: it was busy elsewhere, or it ended).
+        {rank: {"last_step", "wait", "ended"}} ("ended": the rank logged a crash, an
+        out-of-memory or an exit); empty when nothing timed out or failed on the
+        network, or fewer than two ranks printed steps."""
+        waits = [e for e in self.events_of("timeout", "watchdog", "network") if e.rank is not None]
         if not waits or self.has_records or not self.losses.height or self.logs is None:
             return {}
         first: dict[int, Event] = {}
@@ -633,7 +635,8 @@ class Evidence:
             if wait is not None and wait.source in set(part["source"].to_list()) and wait.line is not None:
                 part = part.filter((pl.col("source") != wait.source) | (pl.col("line") < wait.line))
             if part.height:
-                out[int(rank)] = {"last_step": int(part["step"].max()), "wait": wait}
+                ended = any(e.rank == rank for e in self.events_of("crash", "oom", "exit"))
+                out[int(rank)] = {"last_step": int(part["step"].max()), "wait": wait, "ended": ended}
         return out if len(out) > 1 else {}
 
     @cached_property

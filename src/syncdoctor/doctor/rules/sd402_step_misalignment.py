@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import polars as pl
 
 from syncdoctor.doctor.evidence import Evidence
@@ -8,6 +11,11 @@ from syncdoctor.doctor.must_equal import describe
 from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.records.compare import agreement, describe_split
 from syncdoctor.rulebook import fmt_ranks
+
+# A waiting rank's peer process went away (gloo, NCCL, torch's own words).
+_PEER_GONE = re.compile(
+    r"closed by (?:peer|remote)|connection reset by peer|remote (?:process|worker|peer) (?:exited|crash)", re.I
+)
 
 
 class StepMisalignment(Rule):
@@ -106,7 +114,7 @@ class StepMisalignment(Rule):
         last = {r: info["last_step"] for r, info in picture.items()}
         lo, hi = min(last.values()), max(last.values())
         if hi - lo <= self._print_interval(ev):
-            return None
+            return self._finished_while_waited(picture)
         behind = sorted(r for r, s in last.items() if s == lo)
         evidence = ["the ranks stopped at different steps: " + describe_split(last, lambda s: f"last step {s}")]
         for r in sorted(picture):
@@ -117,6 +125,32 @@ class StepMisalignment(Rule):
                 evidence.append(f"rank {r} never reported a wait: it was busy elsewhere while the others waited")
         evidence.append("the timeouts are the consequence: the ranks were in different steps' collectives")
         return self.found(0.85, evidence, ranks=behind, step=lo)
+
+    def _finished_while_waited(self, picture: dict[int, dict[str, Any]]) -> Finding | None:
+        """Ranks at the same last step: some waited and lost their peer ("connection
+        closed by peer"), the others logged no wait, no error and no end of their own,
+        so they left the training loop normally. The waiting ranks made a collective
+        the others never made (an extra batch, an extra step): the closed connection is
+        the consequence."""
+        waiting = sorted(r for r, i in picture.items() if i["wait"] is not None)
+        quiet = sorted(r for r, i in picture.items() if i["wait"] is None and not i["ended"])
+        if not waiting or not quiet:
+            return None
+        closed = [picture[r]["wait"] for r in waiting if _PEER_GONE.search(picture[r]["wait"].raw)]
+        if len(closed) != len(waiting):
+            return None
+        if min(picture[r]["last_step"] for r in quiet) < max(picture[r]["last_step"] for r in waiting):
+            return None
+        first = closed[0]
+        evidence = [
+            f"{fmt_ranks(waiting)} waited in a collective after step {picture[waiting[0]]['last_step']} and lost "
+            f"the peer: {first.source}:{first.line}: {first.raw[:160]}",
+            f"{fmt_ranks(quiet)} logged the same last step and no wait, error or crash: "
+            f"{'it' if len(quiet) == 1 else 'they'} left the loop while the others still had a collective to make",
+            "the ranks did not make the same number of collectives (uneven data or an extra step on one side); "
+            "if a quiet rank was killed from outside (the OOM killer), its launcher's log says so",
+        ]
+        return self.found(0.75, evidence, ranks=waiting, step=picture[waiting[0]]["last_step"])
 
     @staticmethod
     def _off_their_rhythm(ev: Evidence, step: int | None) -> list[int]:
