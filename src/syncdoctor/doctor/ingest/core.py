@@ -215,7 +215,15 @@ class _FileReader:
                             self._add_loss(point, prefix.rank, line_no, t)
                         last = points[-1]
                         if "\r" not in text:
-                            self._add_values(body, prefix.rank, line_no, last.rank, last.step is not None, True)
+                            self._add_values(
+                                body,
+                                prefix.rank,
+                                line_no,
+                                last.rank,
+                                last.step is not None,
+                                True,
+                                self.parser.last_shape,
+                            )
                         valued = True
             if not valued and ("step" in low or line_no <= HEAD_ROWS):
                 self._add_values(body, prefix.rank, line_no, None, True, False)
@@ -239,11 +247,12 @@ class _FileReader:
         line_rank: int | None,
         printed_step: bool,
         has_loss: bool,
+        shape: str | None = None,
     ) -> None:
         if len(self.value_lines) >= MAX_VALUE_LINES:
             self.value_lines_dropped += 1
             return
-        values = line_values(body)
+        values = line_values(body, shape)
         if not values:
             return
         step: int | None = None

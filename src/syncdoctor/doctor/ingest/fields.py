@@ -85,7 +85,7 @@ def strip_prefixes(line: str, srun_labels: bool, host_labels: bool = False) -> P
         if m:
             rank = int(m.group(1))
             body = body[: m.start()] + body[m.end() :]
-    if rank is None:
+    if rank is None and _may_hold_rank_tag(body[:RANK_TAG_CHARS]):
         m = _RANK_TAG.search(body, 0, RANK_TAG_CHARS)
         if m is not None:
             if m.group(1) is not None:
@@ -150,6 +150,14 @@ def _to_unix(year: int, month: int, day: int, hh: int, mm: int, ss: int, frac: f
     if not (1970 <= year <= 2200 and 1 <= month <= 12 and 1 <= day <= 31 and hh < 24 and mm < 60 and ss <= 60):
         return None
     return calendar.timegm((year, month, day, hh, mm, ss, 0, 0, 0)) + frac
+
+
+def _may_hold_rank_tag(head: str) -> bool:
+    """A cheap gate before the rank-tag regex: the words it needs, or "(i/n)"."""
+    if "/" in head and ")" in head:
+        return True
+    low = head.lower()
+    return any(w in low for w in ("rank", "worker", "proc", "gpu"))
 
 
 def _looks_like_host(label: str) -> bool:

@@ -124,21 +124,22 @@ def _plan(text: str, matches: list[re.Match[str]]) -> list[_Role]:
     return roles
 
 
-def line_values(body: str) -> dict[str, float]:
+def line_values(body: str, shape: str | None = None) -> dict[str, float]:
     """The key -> number pairs of one line (the first value of a key wins).
 
     ``i/n`` counters give ``key`` = i and ``key_total`` = n; a counter with no key
     is ``counter``. A log repeats a few line shapes, differing in their digits: what
-    each number is, is worked out once per shape (digit runs collapsed), as the loss
-    parser does."""
-    text = _TIMES.sub(lambda m: " " * len(m.group(0)), body) if ":" in body or "-" in body else body
-    matches = list(_NUMBER.finditer(text))
+    each number is, is worked out once per shape (``shape``: the line with every
+    digit run collapsed to "0", as the loss parser computes it), as the loss parser
+    does; timestamps are blanked only then."""
+    matches = list(_NUMBER.finditer(body))
     if not matches:
         return {}
-    shape = _DIGITS.sub("0", text)
+    if shape is None:
+        shape = _DIGITS.sub("0", body)
     roles = _PLANS.get(shape)
     if roles is None or len(roles) != len(matches):
-        roles = _plan(text, matches)
+        roles = _plan_raw(body, matches)
         if len(_PLANS) < MAX_PLANS:
             _PLANS[shape] = roles
     out: dict[str, float] = {}
@@ -151,6 +152,16 @@ def line_values(body: str) -> dict[str, float]:
             value = math.nan
         out.setdefault(role[0], value)
     return out
+
+
+def _plan_raw(body: str, matches: list[re.Match[str]]) -> list[_Role]:
+    """The plan of a raw line: numbers inside dates and clock times are no values."""
+    if not (":" in body or "-" in body):
+        return _plan(body, matches)
+    text = _TIMES.sub(lambda m: " " * len(m.group(0)), body)  # same length: spans agree
+    blanked = list(_NUMBER.finditer(text))
+    at = {m.start(): role for m, role in zip(blanked, _plan(text, blanked), strict=True)}
+    return [at.get(m.start()) if text[m.start()] != " " else None for m in matches]
 
 
 # Keys that number the step a line was printed at (normalised), most telling first.
