@@ -66,3 +66,15 @@ def test_host_labels_peeled_and_ranks_behind_them_read(tmp_path) -> None:  # typ
 
     p = partings(data.values)["optim"]
     assert (p.key, p.step, p.values) == ("lr", 3, {0: 0.1, 1: 0.5})
+
+
+def test_absurd_numbers_never_raise(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Ranks and steps printed as nan, inf or past int64 (found by the fuzz properties)."""
+    from syncdoctor.doctor.diagnose import diagnose
+
+    log = tmp_path / "train.log0"
+    log.write_text(
+        "rank=nan step=1 loss=2\nrank=inf step=2 loss=2\nstep 1e308 loss 1e308\n"
+        "[rank0]: Traceback (most recent call last):\nEpoch [-1/1e308] Step [5.8e+16] Loss: 1e308\n"
+    )
+    diagnose([log])

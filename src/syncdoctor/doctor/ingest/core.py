@@ -265,8 +265,9 @@ class _FileReader:
                 return
             has_loss = False
         rank = prefix_rank if prefix_rank is not None else line_rank
-        if rank is None and "rank" in values and values["rank"] == int(values["rank"]) and 0 <= values["rank"] < 1e7:
-            rank = int(values["rank"])
+        said = values.get("rank")
+        if rank is None and said is not None and 0 <= said < 1e7 and said == int(said):  # NaN fails 0 <= said
+            rank = int(said)
         rank = rank if rank is not None else self.log.rank
         self.value_lines.append((rank, line_no, step, values, has_loss))
 
@@ -513,12 +514,14 @@ def _align_steps(events: list[tuple[int, Event]], losses: pl.DataFrame) -> None:
         return
     by_file: dict[tuple[int, int | None], tuple[np.ndarray, np.ndarray]] = {}
     only_rank: dict[int, int | None] = {}
-    for (file_index, rank), group in losses.group_by(["_file", "rank"], maintain_order=True):
+    for (file_index, rank), group in losses.filter(pl.col("step").is_not_null()).group_by(
+        ["_file", "rank"], maintain_order=True
+    ):
         order = group.sort("line")
         by_file[(file_index, rank)] = (order["line"].to_numpy(), order["step"].to_numpy())
         only_rank[file_index] = rank if file_index not in only_rank else -1  # -1: several ranks
     by_time: dict[int | None, tuple[np.ndarray, np.ndarray]] = {}
-    timed = losses.filter(pl.col("_t").is_not_null())
+    timed = losses.filter(pl.col("_t").is_not_null() & pl.col("step").is_not_null())
     for (rank,), group in timed.group_by(["rank"]):
         order = group.sort("_t")
         by_time[rank] = (order["_t"].to_numpy(), order["step"].to_numpy())
