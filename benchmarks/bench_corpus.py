@@ -11,8 +11,19 @@ split (dev: tuned on; test: sha256(id) % 3 == 0, never tuned on):
 * a confusion matrix (confirmed category -> predicted top category);
 * with --show-wrong, the cases still wrong (id, expected, predicted).
 
-    .venv/bin/python benchmarks/bench_corpus.py                 # both parts
+A third part, **worldset**, is material collected outside this project (real public
+cases with answers, and per-rank logs of scripts written by others): never tuned on
+case by case. It is read from ``--worldset DIR`` (or ``$SYNCDOCTOR_WORLDSET``): the
+fenced log blocks of each ``DIR/cases/NNN-*.md`` become one log, graded against
+``DIR/cases/answers.json`` (``accept``; ``ranks`` where the culprit must be named);
+``--worldset-logs SET=LOGDIR`` adds the per-rank logs a set's ``run_all.sh`` wrote
+(``train.log*``/``stderr.log*``, or msrun's ``*.log``), graded against
+``DIR/SET/answers.json``. Inputs answered with an input error (exit 2) are counted.
+
+    .venv/bin/python benchmarks/bench_corpus.py                 # dev and test
     .venv/bin/python benchmarks/bench_corpus.py --part dev --show-wrong
+    .venv/bin/python benchmarks/bench_corpus.py --worldset ../shared/worldset \
+        --worldset-logs torch2=/tmp/logs_t2 --worldset-logs mindspore2=/tmp/logs_ms2
     .venv/bin/python benchmarks/bench_corpus.py --json
 """
 
@@ -20,7 +31,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -45,16 +59,74 @@ def keyword_floor(text: str) -> str:
 
 def doctor_top(case: Case) -> tuple[str, bool, str]:
     """(top category, any error-severity finding, verdict) for one case."""
+    top, error, verdict, _ = diagnose_top([case.log_path])
+    return top, error, verdict
+
+
+def diagnose_top(paths: list[Path]) -> tuple[str, bool, str, list[int]]:
+    """(top category, any error-severity finding, verdict, the top finding's ranks)."""
     from syncdoctor.doctor.diagnose import diagnose
     from syncdoctor.errors import InputError
 
     try:
-        diag = diagnose([case.log_path])
+        diag = diagnose(paths)
     except InputError:
-        return "healthy", False, "nothing to diagnose"
+        return "healthy", False, "nothing to diagnose", []
     serious = [f for f in diag.findings if f.severity in ("error", "warning")]
     top = serious[0].category if serious else "healthy"
-    return top, any(f.severity == "error" for f in diag.findings), diag.verdict
+    return top, any(f.severity == "error" for f in diag.findings), diag.verdict, (serious[0].ranks if serious else [])
+
+
+_FENCED = re.compile(r"```[a-z]*\n(.*?)```", re.S)
+
+
+def _graded(name: str, split: str, paths: list[Path], answer: dict, text: str) -> dict:
+    top, error, verdict, ranks = diagnose_top(paths)
+    accept = answer["accept"]
+    right = top in accept
+    if right and "ranks" in answer:
+        right = sorted(ranks) == sorted(answer["ranks"])
+    if right and answer.get("no_culprit"):
+        right = len(ranks) != 1
+    floor = keyword_floor(text)
+    return {
+        "id": name,
+        "split": split,
+        "expected": accept,
+        "predicted": top,
+        "right": right,
+        "verdict": verdict,
+        "false_alarm": accept == ["healthy"] and error,
+        "floor": floor,
+        "floor_right": floor in accept,
+    }
+
+
+def evaluate_worldset(root: Path, logsets: list[str]) -> list[dict]:
+    """The worldset part: its public cases, and the per-rank logs of its scripts."""
+    rows = []
+    answers = json.loads((root / "cases" / "answers.json").read_text())
+    answers.pop("_about", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        for cid, answer in sorted(answers.items()):
+            md = next((root / "cases").glob(f"{cid}-*.md"))
+            text = "\n".join(_FENCED.findall(md.read_text(encoding="utf-8")))
+            log = Path(tmp) / f"case{cid}.log"
+            log.write_text(text, encoding="utf-8")
+            rows.append(_graded(f"cases/{cid}", "worldset", [log], answer, text))
+    for spec in logsets:
+        name, _, logdir = spec.partition("=")
+        answers = json.loads((root / name / "answers.json").read_text())
+        for case, answer in sorted(answers.items()):
+            folder = Path(logdir) / case
+            files = sorted(folder.glob("train.log*")) + sorted(folder.glob("stderr.log*")) or sorted(
+                folder.glob("*.log")
+            )
+            if not files:
+                continue
+            text = "\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
+            rows.append(_graded(f"{name}/{case}", f"worldset:{name}", files, answer, text))
+    return rows
 
 
 def evaluate(cases: list[Case]) -> list[dict]:
@@ -88,6 +160,7 @@ def summary(rows: list[dict]) -> dict:
         "top1": sum(r["right"] for r in rows) / n if n else 0.0,
         "floor_top1": sum(r["floor_right"] for r in rows) / n if n else 0.0,
         "false_alarms": [r["id"] for r in healthy if r["false_alarm"]],
+        "input_errors": [r["id"] for r in rows if r["verdict"] == "nothing to diagnose"],
     }
 
 
@@ -108,17 +181,39 @@ def main() -> int:
     parser.add_argument("--part", choices=("dev", "test", "both"), default="both")
     parser.add_argument("--show-wrong", action="store_true", help="list the cases still wrong")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--worldset",
+        default=os.environ.get("SYNCDOCTOR_WORLDSET"),
+        help="a worldset folder (cases/ and per-set answers): adds it as a third part ($SYNCDOCTOR_WORLDSET)",
+    )
+    parser.add_argument(
+        "--worldset-logs",
+        action="append",
+        default=[],
+        metavar="SET=LOGDIR",
+        help="per-rank logs of a worldset set, as its run_all.sh wrote them (repeatable)",
+    )
     args = parser.parse_args()
     cases = [c for c in load_cases() if args.part in ("both", c.split)]
     started = time.perf_counter()
     rows = evaluate(cases)
-    elapsed = time.perf_counter() - started
     parts = [p for p in ("dev", "test") if args.part in ("both", p)]
+    if args.worldset:
+        rows += evaluate_worldset(Path(args.worldset), args.worldset_logs)
+        parts += sorted({r["split"] for r in rows if r["split"].startswith("worldset")})
+    elapsed = time.perf_counter() - started
     result = {p: summary([r for r in rows if r["split"] == p]) for p in parts}
     if args.json:
         print(json.dumps({"parts": result, "seconds": round(elapsed, 2), "rows": rows}, indent=1))
         return 0
-    print(f"corpus: {len(cases)} cases in {elapsed:.1f} s")
+    print(f"corpus: {len(rows)} cases in {elapsed:.1f} s")
+    print("\npart                 cases healthy  top-1  floor  false-alarms  input-errors")
+    for part in parts:
+        s = result[part]
+        print(
+            f"{part:<20} {s['cases']:>5} {s['healthy']:>7} {s['top1']:>6.1%} {s['floor_top1']:>6.1%}"
+            f" {len(s['false_alarms']):>13} {len(s['input_errors']):>13}"
+        )
     for part in parts:
         s = result[part]
         part_rows = [r for r in rows if r["split"] == part]
@@ -130,6 +225,10 @@ def main() -> int:
         print(
             f"false alarms (error-severity finding on a healthy run): {len(s['false_alarms'])}"
             + (f" {s['false_alarms']}" if s["false_alarms"] else "")
+        )
+        print(
+            f"input errors ('nothing to diagnose'): {len(s['input_errors'])}"
+            + (f" {s['input_errors']}" if s["input_errors"] else "")
         )
         print("confusion, doctor (rows: confirmed category, columns: predicted top category):")
         print(confusion(part_rows, "predicted"))

@@ -26,7 +26,6 @@ BY_ID = {c.id: c for c in CASES}
 KNOWN_WRONG = {
     "bigscience-tr8-104b-glitch": "three loss points: too few to call a divergence from the log alone",
     "ds-barrier-unbound-device-course-17": "the log shows a first-collective timeout; the device binding is only in the fix",
-    "master-dns-unresolved-swift-6368": "nslookup lines carry no keyword the log scanner looks for",
     "main-process-first-tokenize-timeout-llamafactory-360": "the pasted traceback stops before its exception line",
     "main-process-first-npu-sync-ascend-62": "the pasted traceback stops before its exception line",
 }
@@ -56,6 +55,12 @@ def test_healthy_runs_get_no_error(case) -> None:
     top, error, _ = doctor_top(case)
     if case.healthy:
         assert not error, f"{case.id}: error-severity finding on a healthy run ({top})"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_no_real_log_is_an_input_error(case) -> None:
+    """A real log is diagnosed or called inconclusive, never 'nothing to diagnose'."""
+    assert doctor_top(case)[2] != "nothing to diagnose", case.id
 
 
 @pytest.mark.parametrize("case", DEV, ids=[c.id for c in DEV])

@@ -50,11 +50,11 @@ def load_evidence(paths: Sequence[str | Path]) -> Evidence:
         if records is None:
             raise
         logs = None
-    has_logs = logs is not None and (logs.losses.height or logs.events)
-    if records is None and not has_logs:
+    # A log with no loss and no event is still a log: the doctor says what it holds
+    # and what would tell (SD991, inconclusive). Only input with no text is an error.
+    if records is None and (logs is None or not logs.n_lines):
         raise InputError(
-            "nothing to diagnose: no probe records, no training loss and no events found in "
-            + ", ".join(map(str, paths))
+            "nothing to diagnose: no probe records and no log lines (empty files) in " + ", ".join(map(str, paths))
         )
     return Evidence(records=records, logs=logs, warnings=warnings)
 

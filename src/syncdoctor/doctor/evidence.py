@@ -594,6 +594,52 @@ class Evidence:
         return min(steps) if steps else None
 
     @cached_property
+    def log_partings(self) -> dict[str, Any]:
+        """From the logs: the first step at which a value that must be equal on every
+        rank (lr, loss scale, update counters, or a key the log shows shared) differs,
+        per kind ({kind: must_equal.Parting}; doctor/must_equal.py)."""
+        from syncdoctor.doctor.must_equal import partings
+
+        values = getattr(self.logs, "values", None)
+        return partings(values) if isinstance(values, pl.DataFrame) else {}
+
+    @cached_property
+    def rank_only_keys(self) -> list[Any]:
+        """From the logs: keys some ranks add to the step line every rank prints and
+        the others never print (must_equal.RankOnlyKey)."""
+        from syncdoctor.doctor.must_equal import rank_only_keys
+
+        values = getattr(self.logs, "values", None)
+        return rank_only_keys(values) if isinstance(values, pl.DataFrame) else []
+
+    @cached_property
+    def hang_picture(self) -> dict[int, dict[str, Any]]:
+        """From the logs of a job that timed out: for each rank, the last step it
+        printed before its own first wait or timeout, and that first wait (or none:
+        the rank never said it waited: it was busy elsewhere, or it ended).
+        {rank: {"last_step", "wait", "ended"}} ("ended": the rank logged a crash, an
+        out-of-memory or an exit); empty when nothing timed out or failed on the
+        network, or fewer than two ranks printed steps."""
+        waits = [e for e in self.events_of("timeout", "watchdog", "network") if e.rank is not None]
+        if not waits or self.has_records or not self.losses.height or self.logs is None:
+            return {}
+        first: dict[int, Event] = {}
+        for e in waits:
+            best = first.get(int(e.rank))  # type: ignore[arg-type] # rank is set: filtered above
+            if best is None or (e.t is not None and best.t is not None and e.t < best.t):
+                first[int(e.rank)] = e  # type: ignore[arg-type]
+        rows = self.logs.losses.filter(pl.col("rank").is_not_null() & pl.col("step").is_not_null())
+        out: dict[int, dict[str, Any]] = {}
+        for (rank,), part in rows.group_by(["rank"]):
+            wait = first.get(int(rank))
+            if wait is not None and wait.source in set(part["source"].to_list()) and wait.line is not None:
+                part = part.filter((pl.col("source") != wait.source) | (pl.col("line") < wait.line))
+            if part.height:
+                ended = any(e.rank == rank for e in self.events_of("crash", "oom", "exit"))
+                out[int(rank)] = {"last_step": int(part["step"].max()), "wait": wait, "ended": ended}
+        return out if len(out) > 1 else {}
+
+    @cached_property
     def hyperparameter_drift(self) -> tuple[int, dict[int, Any]] | None:
         """The first step at which the ranks' learning rates differ (a schedule or a
         manual change applied on some ranks only): (step, {rank: lr})."""

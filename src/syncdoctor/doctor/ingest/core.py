@@ -16,10 +16,11 @@ import numpy as np
 import polars as pl
 
 from syncdoctor.doctor.ingest import events as ev
-from syncdoctor.doctor.ingest.fields import detect_srun_labels, parse_time, strip_prefixes
+from syncdoctor.doctor.ingest.fields import detect_host_labels, detect_srun_labels, parse_time, strip_prefixes
 from syncdoctor.doctor.ingest.files import SNIFF_BYTES, LogFile, discover, looks_binary, open_binary
 from syncdoctor.doctor.ingest.losses import LossParser, LossPoint, global_steps, split_records
-from syncdoctor.doctor.ingest.scan import MAX_LINE_BYTES, Chunk, TolerantStream, iter_chunks
+from syncdoctor.doctor.ingest.scan import HEAD_ROWS, MAX_LINE_BYTES, Chunk, TolerantStream, iter_chunks
+from syncdoctor.doctor.ingest.values import STEP_KEYS, line_values
 from syncdoctor.doctor.model import Event
 from syncdoctor.errors import InputError
 
@@ -42,6 +43,19 @@ LOSS_SCHEMA: dict[str, pl.DataType] = {
     "line": pl.Int64(),
     "acc": pl.Float64(),
 }
+# Every key -> number pair of the lines that hold a loss, a step or an event
+# (ingest/values.py), with the step it was printed at: the cross-rank comparison
+# of what must be equal reads it. ``step`` is the step the line printed (global,
+# like the losses'), null where it printed none.
+VALUES_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int64(),
+    "step": pl.Int64(),
+    "key": pl.String(),
+    "value": pl.Float64(),
+    "source": pl.String(),
+    "line": pl.Int64(),
+}
+MAX_VALUE_LINES = 200_000  # per file: enough to find where ranks part, bounded memory
 # Columns used while reading, dropped from the result.
 _WORK_SCHEMA: dict[str, pl.DataType] = {
     **LOSS_SCHEMA,
@@ -70,6 +84,10 @@ class LogData:
     files: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     formats: dict[str, str] = field(default_factory=dict)
+    values: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=VALUES_SCHEMA))
+    # files whose rank could not be told (no prefix, no rank field, no rank in the name)
+    unranked: list[str] = field(default_factory=list)
+    n_lines: int = 0  # lines read, all files
 
 
 class _EventStore:
@@ -127,8 +145,12 @@ class _FileReader:
         self.n_events = 0
         self.year_hint: int | None = None
         self.srun_labels = False
+        self.host_labels = False
         self.consumed: set[int] = set()
         self.timed_shapes: dict[str, bool] = {}  # loss-line shape -> carries a timestamp
+        # (rank, line, printed step or None, {key: value}, has a loss point)
+        self.value_lines: list[tuple[int | None, int, int | None, dict[str, float], bool]] = []
+        self.value_lines_dropped = 0
 
     # -- reading ----------------------------------------------------------------------
     def read(self) -> bool:
@@ -152,7 +174,9 @@ class _FileReader:
             first = True
             for chunk in iter_chunks(source):
                 if first:
-                    self.srun_labels = detect_srun_labels(chunk.frame["l"].head(200).to_list())
+                    head_lines = chunk.frame["l"].head(200).to_list()
+                    self.srun_labels = detect_srun_labels(head_lines)
+                    self.host_labels = not self.srun_labels and detect_host_labels(head_lines)
                     first = False
                 self._chunk(chunk)
                 self.lines_read = chunk.first_line + chunk.n_lines - 1
@@ -173,20 +197,37 @@ class _FileReader:
             if not text or line_no in self.consumed:
                 continue
             line = text[:PARSE_CHARS]
-            prefix = strip_prefixes(line, self.srun_labels)
+            prefix = strip_prefixes(line, self.srun_labels, self.host_labels)
             body = prefix.body
             low = body.lower()
             t: float | None = None
+            valued = False
             if "loss" in low or "step" in low:
                 records = split_records(body) if "\r" not in text else [body]
                 if len(records) > 1:
                     self._glued_records(records, prefix.rank, line_no)
+                    valued = True  # several ranks' values on one line: not read as one record
                 else:
                     points = self._loss_points(text, body)
                     if points:
                         t = self._loss_time(body)
                         for point in points:
                             self._add_loss(point, prefix.rank, line_no, t)
+                        last = points[-1]
+                        if "\r" not in text:
+                            self._add_values(
+                                body,
+                                prefix.rank,
+                                line_no,
+                                last.rank,
+                                last.step is not None,
+                                True,
+                                self.parser.last_shape,
+                            )
+                        valued = True
+            if not valued and ("step" in low or line_no <= HEAD_ROWS):
+                self._add_values(body, prefix.rank, line_no, None, True, False)
+                valued = True
             # DeepSpeed's "step=2000, skipped=1995" carries only the step keyword,
             # yet its skip counter is the loss scaler's record of overflows.
             if eventish or "skipped=" in low:
@@ -195,6 +236,82 @@ class _FileReader:
                     if t is None:
                         t = self._time(body)
                     self._add_event(match, chunk, line_no, text, prefix.rank, prefix.host, t)
+                    if not valued:  # the numbers an event line states ("scale is small: 1e-26")
+                        self._add_values(body, prefix.rank, line_no, None, True, False)
+
+    def _add_values(
+        self,
+        body: str,
+        prefix_rank: int | None,
+        line_no: int,
+        line_rank: int | None,
+        printed_step: bool,
+        has_loss: bool,
+        shape: str | None = None,
+    ) -> None:
+        if len(self.value_lines) >= MAX_VALUE_LINES:
+            self.value_lines_dropped += 1
+            return
+        values = line_values(body, shape)
+        if not values:
+            return
+        step: int | None = None
+        if not has_loss or not printed_step:
+            # the step the line prints under any name; a line with a loss and no step
+            # of its own is numbered by the order of lines: not comparable across ranks
+            raw = next((values[k] for k in STEP_KEYS if k in values), None)
+            step = int(raw) if raw is not None and math.isfinite(raw) and 0 <= raw < 2**62 else None
+            if has_loss and step is None:
+                return
+            has_loss = False
+        rank = prefix_rank if prefix_rank is not None else line_rank
+        said = values.get("rank")
+        if rank is None and said is not None and 0 <= said < 1e7 and said == int(said):  # NaN fails 0 <= said
+            rank = int(said)
+        rank = rank if rank is not None else self.log.rank
+        self.value_lines.append((rank, line_no, step, values, has_loss))
+
+    def value_frame(self, losses: pl.DataFrame | None) -> pl.DataFrame | None:
+        """The values rows, each at its line's global step (the loss rows' where the
+        line held a loss, else the step it printed)."""
+        if not self.value_lines:
+            return None
+        at: dict[int, int] = {}
+        if losses is not None:
+            for line, step in zip(losses["line"], losses["step"], strict=True):
+                if step is not None:
+                    at[line] = step
+        ranks: list[int | None] = []
+        steps: list[int | None] = []
+        keys: list[str] = []
+        vals: list[float] = []
+        lines: list[int] = []
+        for rank, line, step, values, has_loss in self.value_lines:
+            if has_loss:
+                step = at.get(line)
+            for key, value in values.items():
+                ranks.append(_int64_or_none(rank))
+                steps.append(step)
+                keys.append(key)
+                vals.append(value)
+                lines.append(line)
+        if self.value_lines_dropped:
+            self.warnings.append(
+                f"{self.log.source}: values of the first {MAX_VALUE_LINES} lines kept for the cross-rank "
+                f"comparison, {self.value_lines_dropped} more not read"
+            )
+        return pl.DataFrame(
+            {
+                "rank": ranks,
+                "step": steps,
+                "key": keys,
+                "value": vals,
+                "source": [self.log.source] * len(keys),
+                "line": lines,
+            },
+            schema=VALUES_SCHEMA,
+            strict=False,
+        )
 
     def _glued_records(self, records: list[str], line_rank: int | None, line_no: int) -> None:
         """Several ranks' records on one line: each keeps its own rank (its launcher
@@ -397,12 +514,14 @@ def _align_steps(events: list[tuple[int, Event]], losses: pl.DataFrame) -> None:
         return
     by_file: dict[tuple[int, int | None], tuple[np.ndarray, np.ndarray]] = {}
     only_rank: dict[int, int | None] = {}
-    for (file_index, rank), group in losses.group_by(["_file", "rank"], maintain_order=True):
+    for (file_index, rank), group in losses.filter(pl.col("step").is_not_null()).group_by(
+        ["_file", "rank"], maintain_order=True
+    ):
         order = group.sort("line")
         by_file[(file_index, rank)] = (order["line"].to_numpy(), order["step"].to_numpy())
         only_rank[file_index] = rank if file_index not in only_rank else -1  # -1: several ranks
     by_time: dict[int | None, tuple[np.ndarray, np.ndarray]] = {}
-    timed = losses.filter(pl.col("_t").is_not_null())
+    timed = losses.filter(pl.col("_t").is_not_null() & pl.col("step").is_not_null())
     for (rank,), group in timed.group_by(["rank"]):
         order = group.sort("_t")
         by_time[rank] = (order["_t"].to_numpy(), order["step"].to_numpy())
@@ -463,6 +582,9 @@ def ingest_logs(paths: Sequence[str | os.PathLike[str]]) -> LogData:
         raise InputError("no log files found in " + ", ".join(str(p) for p in paths))
     store = _EventStore()
     frames: list[pl.DataFrame] = []
+    value_frames: list[pl.DataFrame] = []
+    unranked: list[str] = []
+    n_lines = 0
     formats: dict[str, str] = {}
     read: list[str] = []
     for index, log in enumerate(logs):
@@ -487,9 +609,15 @@ def ingest_logs(paths: Sequence[str | os.PathLike[str]]) -> LogData:
         except (EOFError, zlib.error) as exc:
             warnings.append(f"{log.source}: truncated or corrupt compressed log ({exc})")
         read.append(log.source)
+        n_lines += reader.lines_read
         frame = reader.loss_frame()
         if frame is not None:
             frames.append(frame)
+            if frame["rank"].null_count() == frame.height:
+                unranked.append(log.source)
+        values = reader.value_frame(frame)
+        if values is not None:
+            value_frames.append(values)
         formats[log.source] = reader.format_name()
         if formats[log.source] == "none" and not any(w.startswith(log.source) for w in warnings):
             warnings.append(f"{log.source}: no loss lines or events recognised")
@@ -501,12 +629,21 @@ def ingest_logs(paths: Sequence[str | os.PathLike[str]]) -> LogData:
     warnings.extend(store.dropped())
     if not work.is_empty():
         warnings.extend(_rank_warnings(work))
+    if unranked:
+        shown = ", ".join(unranked[:4]) + (" ..." if len(unranked) > 4 else "")
+        warnings.append(
+            f"no rank could be told for the loss lines of {shown} (no launcher prefix, rank field or rank "
+            "in the file name): read as one unknown rank"
+        )
     return LogData(
         losses=work.select(list(LOSS_SCHEMA)),
         events=[e for _, e in kept],
         files=read,
         warnings=warnings,
         formats=formats,
+        values=pl.concat(value_frames) if value_frames else pl.DataFrame(schema=VALUES_SCHEMA),
+        unranked=unranked,
+        n_lines=n_lines,
     )
 
 

@@ -30,6 +30,11 @@ Kinds (``Event.kind``):
   overflow       mixed precision skipped a step for inf/NaN gradients, or the loss
                  scale reached its floor (DeepSpeed, apex, MindSpore loss-scale
                  cells); whether that is warm-up or a fault is for the rules
+  error          a line its logger marked ERROR/FATAL/CRITICAL that no rule above
+                 names, or a traceback's first line (the traceback may be cut
+                 before its exception): something failed, what is not said
+  warning        a line its logger marked WARNING that no rule above names (benign:
+                 said among what a log holds, never a failure)
   info           notable but not a failure: NCCL communicator set-up lines (benign),
                  the playbook's "[WARNING] Loss shows abnormal fluctuation" line
                  (kept as info, not benign: it is a symptom the doctor weighs)
@@ -51,6 +56,8 @@ EVENT_KINDS = (
     "configuration",
     "exit",
     "overflow",
+    "error",
+    "warning",
     "info",
 )
 
@@ -360,6 +367,31 @@ RULES: tuple[Rule, ...] = (
         "exit",
         ("exit",),
         _re(r"exit(?:ed)?(?: with)?(?: exit)?\s*(?:code|status)\s*[:=]?\s*-?\d+|exitcode\s*[:=]\s*-?\d+"),
+    ),
+    # --- what the logger itself marked, when nothing above named it --------------------------
+    # a framework's error code that no rule above names: CANN's EI/EE/EJ/EZ/EH/EL codes,
+    # MPI's "MPI_ABORT"; what failed is in the code's own message
+    Rule(
+        "framework_error_code",
+        "error",
+        ("ei", "ee", "ej", "ez", "eh", "el", "mpi_"),
+        _re(r"\bE[EIJZHL]\d{4}\b|\bMPI_(?:ABORT|ERR_\w+)", 0),
+    ),
+    Rule("traceback_start", "error", ("traceback",), _re(r"Traceback \(most recent call last\)", 0)),
+    # levels as loggers print them: "[ERROR]", " - ERROR - ", "ERROR:root:", "E1130 12:00:01",
+    # "| ERROR |", "ERROR [file.py:10]"; a level word inside a sentence is not a level
+    Rule(
+        "level_error",
+        "error",
+        ("error", "fatal", "critical"),
+        _re(r"(?:^|[\s\[|(:-])(?:ERROR|FATAL|CRITICAL)(?:$|[\s\]|):-])|^\s*[EF]\d{4} \d\d:\d\d:\d\d", 0),
+    ),
+    Rule(
+        "level_warning",
+        "warning",
+        ("warn",),
+        _re(r"(?:^|[\s\[|(:-])(?:WARNING|WARN|Warning)(?:$|[\s\]|):-])|\w+Warning:|^\s*W\d{4} \d\d:\d\d:\d\d", 0),
+        benign=True,  # kept to say what a log holds; not a failure
     ),
 )
 

@@ -18,9 +18,23 @@ _MPI_PREFIX = re.compile(r"\[\d+,(\d{1,7})\]<std(?:out|err)>:\s?")
 _ROLE_PREFIX = re.compile(r"\[(rank|default|worker|trainer|proc|process)(\d{1,7})\]:\s?")
 # torch's "[rankN]:" may come after a timestamp added by a log collector.
 _RANK_PREFIX_ANYWHERE = re.compile(r"\[rank(\d{1,7})\]:\s?")
+# A rank tag a logger formatter put in the line's header, anywhere near its start:
+#   [rank: 0] (Lightning)   [RANK 1]   [worker 1]   [Rank 3]   [local_rank=2]
+#   ... [train.py:1057] (2/4) ...   (icefall, k2, lhotse: rank/world size after the header)
+_RANK_TAG = re.compile(
+    r"\[(?:global_rank|local_rank|rank|worker|proc|process|gpu)\s*[:=#]?\s*(\d{1,7})\]"
+    r"|(?:^|\]\s)\((\d{1,5})/(\d{1,5})\)\s",
+    re.IGNORECASE,
+)
+RANK_TAG_CHARS = 160
 _RAY_PREFIX = re.compile(r"\((?:\w+ )?pid=\d+(?:, ip=([\w.:-]+))?\)\s?")
 # srun --label: "3: text". Only trusted when most of a file's lines carry it.
 SRUN_PREFIX = re.compile(r"\s*(\d{1,5}): ")
+# "gpu-node-3: text" - pdsh/DeepSpeed's multi-node runner and `srun` wrappers put the
+# host name in front of every line. Only trusted when most of a file's lines carry
+# it and the label looks like a host (a digit, "-" or "." in it, not a log level).
+HOST_PREFIX = re.compile(r"([A-Za-z][\w.-]{0,62}): ")
+_NOT_HOSTS = {"info", "warning", "warn", "error", "debug", "critical", "fatal", "note", "epoch", "step", "loss"}
 # "host:pid:tid [dev] NCCL INFO ..." - NCCL_DEBUG lines name their host.
 _NCCL_HOST = re.compile(r"([\w.-]+):\d+:\d+ \[\d+\] (?:\S+ )?NCCL ")
 
@@ -32,11 +46,16 @@ class Prefix:
     host: str | None = None
 
 
-def strip_prefixes(line: str, srun_labels: bool) -> Prefix:
+def strip_prefixes(line: str, srun_labels: bool, host_labels: bool = False) -> Prefix:
     """Peel launcher prefixes off a line; the innermost rank wins (the most specific)."""
     rank: int | None = None
     host: str | None = None
     body = line
+    if host_labels:
+        m = HOST_PREFIX.match(body)
+        if m is not None and _looks_like_host(m.group(1)):
+            host = m.group(1)
+            body = body[m.end() :]
     for _ in range(4):  # prefixes nest: "[default0]:[rank0]:[E1129 ...]"
         if not body:
             break
@@ -66,6 +85,15 @@ def strip_prefixes(line: str, srun_labels: bool) -> Prefix:
         if m:
             rank = int(m.group(1))
             body = body[: m.start()] + body[m.end() :]
+    if rank is None and _may_hold_rank_tag(body[:RANK_TAG_CHARS]):
+        m = _RANK_TAG.search(body, 0, RANK_TAG_CHARS)
+        if m is not None:
+            if m.group(1) is not None:
+                rank = int(m.group(1))
+            elif int(m.group(2)) < int(m.group(3)):
+                rank = int(m.group(2))
+                a, b = m.span(2)
+                body = body[: a - 1] + body[b + len(m.group(3)) + 2 :]  # drop "(i/n)": not a counter
     if host is None and "NCCL" in body:
         m = _NCCL_HOST.search(body, 0, 200)
         if m:
@@ -122,6 +150,30 @@ def _to_unix(year: int, month: int, day: int, hh: int, mm: int, ss: int, frac: f
     if not (1970 <= year <= 2200 and 1 <= month <= 12 and 1 <= day <= 31 and hh < 24 and mm < 60 and ss <= 60):
         return None
     return calendar.timegm((year, month, day, hh, mm, ss, 0, 0, 0)) + frac
+
+
+def _may_hold_rank_tag(head: str) -> bool:
+    """A cheap gate before the rank-tag regex: the words it needs, or "(i/n)"."""
+    if "/" in head and ")" in head:
+        return True
+    low = head.lower()
+    return any(w in low for w in ("rank", "worker", "proc", "gpu"))
+
+
+def _looks_like_host(label: str) -> bool:
+    return label.lower() not in _NOT_HOSTS and any(c.isdigit() or c in "-." for c in label)
+
+
+def detect_host_labels(lines: list[str | None]) -> bool:
+    """True when most non-empty lines start with a host-name label "gpu-node-3: "."""
+    texts = [t for t in lines if t]
+    if len(texts) < 4:
+        return False
+    hits = 0
+    for t in texts:
+        m = HOST_PREFIX.match(t)
+        hits += bool(m and _looks_like_host(m.group(1)))
+    return hits >= 0.6 * len(texts)
 
 
 def detect_srun_labels(lines: list[str | None]) -> bool:

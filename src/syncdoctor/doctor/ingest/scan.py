@@ -52,6 +52,10 @@ EVENT_LITERALS = (
     # NCCL's "Duplicate GPU detected", Horovod's "Stalled ops" / "[missing ranks: 1]",
     # DDP's "did not receive grad", loss-scale overflow (DeepSpeed, apex, MindSpore)
     "uplicate", "talled", "issing rank", "not receive", "verflow", "VERFLOW",
+    # Horovod's stall report: "... submitted ... by subset of ranks and are waiting ..."
+    "ubset of rank",
+    # logger levels worse than ERROR, and a traceback's head (it may be cut before its exception)
+    "FATAL", "raceback",
     # MindSpore: "This node could be redundant and is not successfully registered"
     "edundant",
 )  # fmt: skip
@@ -63,6 +67,17 @@ def _alternation(literals: tuple[str, ...]) -> str:
 
 CANDIDATE_PATTERN = _alternation(LOSS_LITERALS + EVENT_LITERALS)
 EVENT_PATTERN = _alternation(EVENT_LITERALS)
+# The first block of a file is also read for lines a logger marked as warnings
+# (WARNING, CRITICAL ...), though they hold no keyword above: they say what a short
+# log holds. Only the first LEVEL_HEAD and last LEVEL_TAIL of them reach Python, and
+# later blocks are not searched for them (the literal scan above stays one pass).
+LEVEL_PATTERN = r"WARN|Warn|FATAL|Fatal|CRITICAL|Critical|Traceback"
+LEVEL_HEAD = 200
+LEVEL_TAIL = 50
+ANY_PATTERN = CANDIDATE_PATTERN + "|" + LEVEL_PATTERN
+# The first lines of a file are read whatever they hold: what each rank prints once
+# at start (versions, world size, configuration) is compared across ranks.
+HEAD_ROWS = 200
 
 _CSV_OPTIONS = {
     "has_header": False,
@@ -176,9 +191,10 @@ def _split_lines(block: bytes) -> pl.DataFrame:
 _Scanned = tuple[pl.DataFrame, list[int], list[str], list[bool], list[int]]
 
 
-def _scan_block(block: bytes) -> _Scanned:
+def _scan_block(block: bytes, head_rows: int = 0) -> _Scanned:
     """Split one block into lines and keep the candidates (runs off the main thread:
-    polars releases the GIL, so Python parses the previous chunk meanwhile)."""
+    polars releases the GIL, so Python parses the previous chunk meanwhile); the
+    first ``head_rows`` lines are candidates whatever they hold."""
     frame = _split_lines(block)
     # A long line inside a block (a 10 MB dump) is cut like one spanning blocks,
     # so no regex, Rust or Python, ever walks more than MAX_LINE_BYTES of a line.
@@ -187,12 +203,34 @@ def _scan_block(block: bytes) -> _Scanned:
     if frame.height and (lengths.max() or 0) > MAX_LINE_BYTES:  # type: ignore[operator]
         long_rows = (lengths > MAX_LINE_BYTES).arg_true().to_list()
         frame = frame.with_columns(pl.col("l").str.head(MAX_LINE_BYTES))
-    cand = (
+    if not head_rows:
+        cand = (
+            frame.lazy()
+            .with_row_index("i")
+            .filter(pl.col("l").str.contains(CANDIDATE_PATTERN))
+            .with_columns(pl.col("l").str.contains(EVENT_PATTERN).alias("ev"))
+            .collect()
+        )
+        return frame, cand["i"].to_list(), cand["l"].to_list(), cand["ev"].to_list(), long_rows
+    passed = (
         frame.lazy()
         .with_row_index("i")
-        .filter(pl.col("l").str.contains(CANDIDATE_PATTERN))
-        .with_columns(pl.col("l").str.contains(EVENT_PATTERN).alias("ev"))
+        .filter(pl.col("l").str.contains(ANY_PATTERN) | (pl.col("i") < head_rows))
         .collect()
+    )
+    keep = passed["l"].str.contains(CANDIDATE_PATTERN).fill_null(False) | (passed["i"] < head_rows)
+    cand = passed.filter(keep)
+    level_only = passed.filter(~keep)
+    if level_only.height > LEVEL_HEAD + LEVEL_TAIL:
+        level_only = pl.concat([level_only.head(LEVEL_HEAD), level_only.tail(LEVEL_TAIL)])
+    if level_only.height:
+        cand = pl.concat([cand, level_only]).sort("i")
+    cand = cand.filter(pl.col("l").is_not_null()).with_columns(
+        (
+            pl.col("l").str.contains(EVENT_PATTERN)
+            | pl.col("l").str.contains(LEVEL_PATTERN)
+            | (pl.col("i") < head_rows)
+        ).alias("ev")
     )
     return frame, cand["i"].to_list(), cand["l"].to_list(), cand["ev"].to_list(), long_rows
 
@@ -221,8 +259,8 @@ def iter_chunks(stream: BinaryIO | TolerantStream, chunk_bytes: int = CHUNK_BYTE
         return chunk
 
     with ThreadPoolExecutor(max_workers=1) as pool:
-        for block, truncated in _blocks(stream, chunk_bytes):
-            ahead.append((pool.submit(_scan_block, block), truncated))
+        for n, (block, truncated) in enumerate(_blocks(stream, chunk_bytes)):
+            ahead.append((pool.submit(_scan_block, block, HEAD_ROWS if n == 0 else 0), truncated))
             if len(ahead) > 1:
                 yield finish(ahead.popleft())
         while ahead:

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.must_equal import describe
 from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.records.compare import describe_split
 
 # What launchers and communicators say when the job's layout is wrong.
 _LAUNCH_WORDS = {
@@ -41,6 +43,8 @@ class LaunchConfiguration(Rule):
     launcher that sets its role, more workers than configured, a rank table that
     does not describe the machines (device IPs, server count), a port in use.
 
+    From per-rank logs: the world size each rank prints at start differs.
+
     **Quick check:** compare the launcher's worker count, MS_ROLE/RANK_TABLE_FILE,
     MASTER_ADDR/PORT and the rank table with the machines actually used
     (`syncdoctor preflight` checks rank tables).
@@ -71,6 +75,14 @@ class LaunchConfiguration(Rule):
             hits.append((meaning, f"{event.source}:{event.line}: {event.raw[:200]}"))
             if event.rank is not None:
                 ranks.add(event.rank)
+        size = ev.log_partings.get("size")
+        if size is not None:
+            hits.append(
+                (
+                    "the ranks were launched as parts of jobs of different sizes: " + describe(size, describe_split),
+                    f"{size.where}",
+                )
+            )
         if not hits:
             return None
         meanings = list(dict.fromkeys(m for m, _ in hits))

@@ -1,12 +1,21 @@
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import polars as pl
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.must_equal import describe
 from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.records.compare import agreement, describe_split
 from syncdoctor.rulebook import fmt_ranks
+
+# A waiting rank's peer process went away (gloo, NCCL, torch's own words).
+_PEER_GONE = re.compile(
+    r"closed by (?:peer|remote)|connection reset by peer|remote (?:process|worker|peer) (?:exited|crash)", re.I
+)
 
 
 class StepMisalignment(Rule):
@@ -20,6 +29,9 @@ class StepMisalignment(Rule):
     accumulation counter (data length differs, an off-by-one `(i+1) % N`, a
     per-rank overflow skip), so ranks do not execute the same step semantics.
 
+    From logs alone: an update or epoch counter the ranks print differently at the
+    same step.
+
     **Quick check:** log micro-steps per update and optimizer-step counts per rank.
 
     **Fix:** give every rank the same number of micro-steps and optimizer steps: derive
@@ -31,13 +43,14 @@ class StepMisalignment(Rule):
     name = "step-misalignment"
     category = "sync.step_misalignment"
     title = "Step counters differ across ranks"
+    sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         div = ev.divergence
         micro = ev.micro_by_rank
         uneven_micro = len(set(micro.values())) > 1
         if not (div and "counter" in div.what) and not uneven_micro:
-            return None
+            return self._from_logs(ev) if not ev.has_records else None
         evidence = []
         ranks = set(div.ranks if div else [])
         step = div.step if div else None
@@ -69,6 +82,75 @@ class StepMisalignment(Rule):
             evidence.append("parameters stay identical: the extra work is silent (only counters reveal it)")
         confidence = 0.6 if ev.overflow_disagreement else 0.9
         return self.found(confidence, evidence, ranks=sorted(ranks), step=step, tensor=div.tensor if div else None)
+
+    def _from_logs(self, ev: Evidence) -> Finding | None:
+        p = ev.log_partings.get("counter")
+        if p is None:
+            return self._hung_apart(ev)
+        return self.found(
+            0.85,
+            [
+                "the ranks print a different update counter: "
+                + describe(p, describe_split)
+                + (f" ({p.where})" if p.where else "")
+            ],
+            ranks=agreement({r: repr(v) for r, v in p.values.items()}).odd,
+            step=p.step,
+            direct=True,
+        )
+
+    @staticmethod
+    def _print_interval(ev: Evidence) -> int:
+        gaps = ev.losses.sort("rank", "step").group_by("rank").agg(pl.col("step").diff().median().alias("g"))
+        return int(max((g for g in gaps["g"].to_list() if g is not None), default=1))
+
+    def _hung_apart(self, ev: Evidence) -> Finding | None:
+        """A hang read as who waited for whom: the ranks stopped at steps further apart
+        than one print interval before their first timeout. The rank behind is where the
+        job stopped; the others' timeouts are the consequence."""
+        picture = ev.hang_picture
+        if not picture:
+            return None
+        last = {r: info["last_step"] for r, info in picture.items()}
+        lo, hi = min(last.values()), max(last.values())
+        if hi - lo <= self._print_interval(ev):
+            return self._finished_while_waited(picture)
+        behind = sorted(r for r, s in last.items() if s == lo)
+        evidence = ["the ranks stopped at different steps: " + describe_split(last, lambda s: f"last step {s}")]
+        for r in sorted(picture):
+            wait = picture[r]["wait"]
+            if wait is not None:
+                evidence.append(f"rank {r} then waited: {wait.source}:{wait.line}: {wait.raw[:160]}")
+            else:
+                evidence.append(f"rank {r} never reported a wait: it was busy elsewhere while the others waited")
+        evidence.append("the timeouts are the consequence: the ranks were in different steps' collectives")
+        return self.found(0.85, evidence, ranks=behind, step=lo)
+
+    def _finished_while_waited(self, picture: dict[int, dict[str, Any]]) -> Finding | None:
+        """Ranks at the same last step: some waited and lost their peer ("connection
+        closed by peer"), the others logged no wait, no error and no end of their own,
+        so they left the training loop normally. The waiting ranks made a collective
+        the others never made (an extra batch, an extra step): the closed connection is
+        the consequence."""
+        waiting = sorted(r for r, i in picture.items() if i["wait"] is not None)
+        quiet = sorted(r for r, i in picture.items() if i["wait"] is None and not i["ended"])
+        if not waiting or not quiet:
+            return None
+        closed = [picture[r]["wait"] for r in waiting if _PEER_GONE.search(picture[r]["wait"].raw)]
+        if len(closed) != len(waiting):
+            return None
+        if min(picture[r]["last_step"] for r in quiet) < max(picture[r]["last_step"] for r in waiting):
+            return None
+        first = closed[0]
+        evidence = [
+            f"{fmt_ranks(waiting)} waited in a collective after step {picture[waiting[0]]['last_step']} and lost "
+            f"the peer: {first.source}:{first.line}: {first.raw[:160]}",
+            f"{fmt_ranks(quiet)} logged the same last step and no wait, error or crash: "
+            f"{'it' if len(quiet) == 1 else 'they'} left the loop while the others still had a collective to make",
+            "the ranks did not make the same number of collectives (uneven data or an extra step on one side); "
+            "if a quiet rank was killed from outside (the OOM killer), its launcher's log says so",
+        ]
+        return self.found(0.75, evidence, ranks=waiting, step=picture[waiting[0]]["last_step"])
 
     @staticmethod
     def _off_their_rhythm(ev: Evidence, step: int | None) -> list[int]:

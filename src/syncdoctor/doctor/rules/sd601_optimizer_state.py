@@ -4,6 +4,7 @@ from typing import Any
 
 from syncdoctor.doctor.evidence import Evidence, int_of
 from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.must_equal import describe
 from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.records.compare import agreement, describe_split
 
@@ -19,6 +20,11 @@ class OptimizerStateMismatch(Rule):
     its state (momentum buffers, Adam moments, step count) differs on some rank —
     a per-rank config, a state reset or a checkpoint loaded on one rank only.
 
+    From logs alone: a learning rate, weight decay or momentum that the ranks print
+    differently at the same step (read from any `key=value`, `key: value`, JSON or dict
+    line), or a value every rank printed alike step after step until one rank's
+    parted (learned from the log, weaker).
+
     **Quick check:** compare `optimizer.state_dict()` hashes across ranks after a step.
 
     **Fix:** build the optimizer from the same config on every rank, never change a
@@ -30,6 +36,7 @@ class OptimizerStateMismatch(Rule):
     name = "optimizer-state-mismatch"
     category = "optim.state_mismatch"
     title = "Optimizer state or hyperparameters differ across ranks"
+    sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         evidence = []
@@ -56,6 +63,8 @@ class OptimizerStateMismatch(Rule):
             )
         elif div is not None and "config" in div.what and not groups:
             evidence.append(f"the optimizer/loss configuration differs across ranks at the check of step {div.step}")
+        if not evidence and not ev.has_records:
+            return self._from_logs(ev)
         first_step = int_of(ev.steps["step"].min()) if ev.has_records else None
         # "The gradients agree" only where they were measured after the parting.
         state_only = (
@@ -89,6 +98,40 @@ class OptimizerStateMismatch(Rule):
             step=step,
             tensor=div.tensor if div else None,
             direct=direct,
+        )
+
+    def _from_logs(self, ev: Evidence) -> Finding | None:
+        """The ranks' logs print an optimizer value that differs at the same step."""
+        partings = ev.log_partings
+        p = partings.get("optim")
+        learned = p is None
+        if p is None:
+            p = partings.get("learned")
+        if p is None or ev.overflow_disagreement:
+            return None
+        counter = partings.get("counter")
+        evidence = [
+            (
+                "the ranks print a different optimizer value: "
+                if not learned
+                else "a value every rank printed alike, step after step, parts: "
+            )
+            + describe(p, describe_split)
+            + (f" ({p.where})" if p.where else "")
+        ]
+        confidence = 0.9 if not learned else 0.6
+        if counter is not None and counter.step <= p.step:
+            evidence.append(
+                f"the update counters part first ({describe(counter, describe_split)}): a schedule follows them"
+            )
+            confidence -= 0.3
+        return self.found(
+            confidence,
+            evidence,
+            ranks=agreement({r: repr(v) for r, v in p.values.items()}).odd,
+            step=p.step,
+            severity="error" if not learned else "warning",
+            direct=not learned,
         )
 
 

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.must_equal import describe
 from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.records.compare import agreement, describe_split
 from syncdoctor.rulebook import fmt_ranks
 
 
@@ -16,6 +18,9 @@ class OverflowDisagreement(Rule):
     the found-inf flag is not all-reduced), so the skip decision is per rank; or
     fp16 is used without a loss scaler.
 
+    From logs alone: the ranks print different loss scales at the same step (each
+    scaler halved its scale on its own overflows).
+
     **Quick check:** log the overflow flag and loss scale on every rank each step.
 
     **Fix:** decide overflow from the reduced gradients or all-reduce the found-inf flag
@@ -27,6 +32,7 @@ class OverflowDisagreement(Rule):
     name = "overflow-disagreement"
     category = "numeric.overflow"
     title = "Ranks disagree on gradient overflow"
+    sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         disagree = ev.overflow_disagreement
@@ -40,6 +46,20 @@ class OverflowDisagreement(Rule):
             if div and div.step >= step:
                 evidence.append(f"replicas part at step {div.step}, after the first disagreement")
             return self.found(0.95, evidence, ranks=ranks, step=step)
+        p = ev.log_partings.get("scale")
+        if p is not None:
+            return self.found(
+                0.9,
+                [
+                    "the ranks print a different loss scale: "
+                    + describe(p, describe_split)
+                    + (f" ({p.where})" if p.where else "")
+                    + "; the scale halves on each overflow, so the ranks skipped different steps"
+                ],
+                ranks=agreement({r: repr(v) for r, v in p.values.items()}).odd,
+                step=p.step,
+                direct=True,
+            )
         steps = ev.steps.height if ev.has_records else 0
         if steps and ev.overflow_steps > 0.2 * steps / max(1, len(ev.ranks)):
             return self.found(

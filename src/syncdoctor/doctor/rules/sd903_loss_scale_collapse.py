@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import polars as pl
+
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.ingest.meaning import loss_scale
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.rulebook import fmt_ranks
 
 # Dynamic loss scaling starts high (2^16 .. 2^32) and halves on each overflow until
 # gradients fit: skips early in a run, ending at a comfortable scale, are its
@@ -70,9 +73,38 @@ class LossScaleCollapse(Rule):
         falling = self._falling_run(scales)
         if scales and min(scales) <= LOW_SCALE and falling >= 3:
             evidence.append(f"the loss scale fell {falling} times in a row to {min(scales):g}: every step overflows")
+        below = self._below_one(ev)
+        if below is not None:
+            evidence.append(below[0])
         if not evidence:
             return None
-        return self.found(0.9, evidence, step=first_line.step if first_line else None)
+        at = first_line.step if first_line else (below[1] if below else None)
+        return self.found(0.9, evidence, step=at)
+
+    @staticmethod
+    def _below_one(ev: Evidence) -> tuple[str, int | None] | None:
+        """A loss (or gradient) scale printed below one, under any key and in any
+        line (ingest/values.py): a dynamic scaler starts at 2^16 and halves per
+        overflow, so below one it has halved at every step for many steps."""
+        values = getattr(ev.logs, "values", None)
+        if values is None or not values.height:
+            return None
+        low = values.filter(
+            pl.col("key").str.contains(r"(?:loss|grad)_?scale")
+            & pl.col("value").is_finite()
+            & (pl.col("value") < 1)
+            & (pl.col("value") >= 0)
+        )
+        if not low.height:
+            return None
+        row = low.sort("value").row(0, named=True)
+        ranks = sorted({int(r) for r in low["rank"].drop_nulls().to_list()})
+        who = f" on {fmt_ranks(ranks)}" if ranks else ""
+        return (
+            f"the loss scale is printed below one{who}: `{row['key']}` = {row['value']:.3g} "
+            f"({row['source']}:{row['line']}); it halves once per overflow from 2^16, so every step overflowed",
+            row["step"],
+        )
 
     @staticmethod
     def _falling_run(scales: list[float]) -> int:

@@ -73,6 +73,12 @@ class CommunicationFault(Rule):
                     f"{fmt_ranks(finished)} finished normally while the others still waited for "
                     "them: the ranks did not make the same number of collectives"
                 )
+            picture = ev.hang_picture
+            quiet = [r for r, i in picture.items() if i["wait"] is None and not i["ended"]]
+            if quiet and not finished and len(set(i["last_step"] for i in picture.values())) == 1:
+                # From logs: a rank at the same step that never waited nor failed left
+                # the loop normally; the closed connection followed (SD402 says so).
+                confidence = min(confidence, 0.6)
             crashed_first = first_process_failure(ev.events)
             if crashed_first is not None:
                 confidence = 0.45  # a peer died first: the timeouts are its consequence

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections import Counter
+
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
@@ -35,10 +37,37 @@ class LogOnlyInconclusive(Rule):
         if ev.has_records or len(ev.ranks) > 1 or ev.events_of(*_FAILURES):
             return None
         seen = f"the loss of rank {ev.ranks[0]} only" if ev.ranks else "no per-rank training loss"
-        return self.found(
-            0.5,
-            [
-                f"this log holds {seen} and no error: replicas cannot be compared from it",
-                "next: syncdoctor run -- <launcher ...>, then syncdoctor diagnose <run folder>",
-            ],
+        evidence = [f"this log holds {seen} and no failure a rule could name: replicas cannot be compared from it"]
+        evidence.extend(_holdings(ev))
+        evidence.append("next: syncdoctor run -- <launcher ...>, then syncdoctor diagnose <run folder>")
+        return self.found(0.5, evidence)
+
+
+def _holdings(ev: Evidence) -> list[str]:
+    """What the log holds when no rule could read a cause from it, and what would tell."""
+    logs = ev.logs
+    if logs is None:
+        return []
+    out = [f"read: {logs.n_lines} lines in {len(logs.files)} file(s)"]
+    marked = [e for e in ev.events if e.kind in ("error", "warning", "overflow", "exit", "retry") and e.kind != "info"]
+    if marked:
+        kinds = Counter(e.kind for e in marked)
+        first = marked[0]
+        out.append(
+            "lines marked by their logger: "
+            + ", ".join(f"{n} {k}" for k, n in kinds.most_common())
+            + f"; first: {first.source}:{first.line}: {first.raw[:160]}"
         )
+        if any(e.raw.lstrip().startswith("Traceback") for e in marked) and not ev.events_of("crash"):
+            out.append("a traceback without its exception line: the line after the last frame would name the failure")
+    values = getattr(logs, "values", None)
+    if values is not None and values.height:
+        keys = values["key"].unique().sort().to_list()
+        tail = ", with no training loss" if not ev.losses.height else ""
+        out.append(f"numbers printed under {len(keys)} key(s) ({', '.join(keys[:8])}){tail}")
+    if not marked and (values is None or not values.height):
+        out.append("no loss, no step, no warning or error line: not a training log, or cut before training began")
+    out.append(
+        "what would tell: every rank's log of the same steps (loss, lr, loss scale, step counters), and the full error"
+    )
+    return out
