@@ -5,15 +5,13 @@ doctor reads what the probe wrote (no lab-made loader dict, no hand-built record
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from syncdoctor.doctor.diagnose import diagnose
-from syncdoctor.lab.launch import free_port
 from syncdoctor.records import read_run
-from tests.probe.test_run_cli import SCRIPTS, syncdoctor_run
+from tests.probe.test_run_cli import torchrun_syncdoctor
 
 pytestmark = pytest.mark.slow
 
@@ -26,21 +24,7 @@ def torchrun(tmp_path_factory: pytest.TempPathFactory):
         key = (str(nproc), *script_args)
         if key not in cache:
             out = tmp_path_factory.mktemp("roundtrip") / "run"
-            proc = syncdoctor_run(
-                out,
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                str(nproc),
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                str(free_port()),
-                str(SCRIPTS / "ddp_train.py"),
-                *script_args,
-                extra=("--check-every", "5"),
-            )
+            proc = torchrun_syncdoctor(out, "ddp_train.py", *script_args, nproc=nproc, extra=("--check-every", "5"))
             assert proc.returncode == 0, proc.stderr[-3000:]
             cache[key] = out
         return cache[key]
@@ -145,20 +129,7 @@ def test_a_model_rebuilt_in_the_same_process_is_the_same_replicas_next_segment(t
     checkpoint loaded on rank 0 only, the rebuild is named (SD505), not a flipped bit
     nor an incomplete all-reduce."""
     out = tmp_path / "run"
-    proc = syncdoctor_run(
-        out,
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        str(SCRIPTS / "rebuild_job.py"),
-        *(["--load-on-rank0-only"] if fault else []),
-    )
+    proc = torchrun_syncdoctor(out, "rebuild_job.py", *(["--load-on-rank0-only"] if fault else []))
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = read_run(out)
     for rank in (0, 1):

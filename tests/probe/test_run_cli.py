@@ -77,24 +77,19 @@ def _check_run(out: Path, world_size: int, steps: int) -> None:
     assert set(run.ends) == set(range(world_size))
 
 
+def torchrun_syncdoctor(
+    out: Path, script: str, *args: str, nproc: int = 2, extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """`syncdoctor run [extra] -- torchrun --nproc-per-node N scripts/SCRIPT ARGS` on loopback."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    where = ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    return syncdoctor_run(out, *torchrun, *where, str(SCRIPTS / script), *args, extra=extra)
+
+
 @pytest.mark.slow
 def test_torchrun_script_unmodified(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = syncdoctor_run(
-        out,
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        str(SCRIPTS / "ddp_train.py"),
-        "--steps",
-        "12",
-    )
+    proc = torchrun_syncdoctor(out, "ddp_train.py", "--steps", "12")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 1 step 12 loss" in proc.stdout  # the ranks' output still reaches the terminal
     _check_run(out, 2, 12)

@@ -217,16 +217,10 @@ class Probe:
             self._backward_at_last_step = old.backward
             self._last_measured_step = old.step
             self.segment = old.segment + 1
-            self.writer.write(
-                contract.KIND_EVENT,
-                rank=self.rank,
-                t=time.time(),
-                step=self.step,
-                event=contract.REBOUND_EVENT,
-                message=(
-                    f"a rebuilt model (same parameters, a new wrapper or optimizer) took over after step "
-                    f"{self.step}: segment {self.segment} of this rank's record"
-                ),
+            self._event(
+                contract.REBOUND_EVENT,
+                f"a rebuilt model (same parameters, a new wrapper or optimizer) took over after step "
+                f"{self.step}: segment {self.segment} of this rank's record",
             )
             return
 
@@ -269,14 +263,7 @@ class Probe:
             try:
                 self.checker = CrossRankCheck(self, timeout_s=self.check_timeout_s())
             except Exception as exc:  # no store to reach: records without the live check
-                self.writer.write(
-                    contract.KIND_EVENT,
-                    rank=self.rank,
-                    t=time.time(),
-                    step=0,
-                    event="check_unavailable",
-                    message=f"live cross-rank check unavailable: {type(exc).__name__}: {exc}",
-                )
+                self._event("check_unavailable", f"live cross-rank check unavailable: {type(exc).__name__}: {exc}", 0)
 
     def check_timeout_s(self) -> float:
         """How long a reader waits for a rank's check before reporting it as not
@@ -598,14 +585,7 @@ class Probe:
         edited = bool(self._params) and self._params[0]._version != self._version_after_step
         go, why = checker.agree_at_close(unchecked, edited, min(CLOSE_WAIT_S, checker.timeout_s))
         if why:
-            self.writer.write(
-                contract.KIND_EVENT,
-                rank=self.rank,
-                t=time.time(),
-                step=self.step,
-                event=contract.CLOSE_CHECK_EVENT,
-                message=why,
-            )
+            self._event(contract.CLOSE_CHECK_EVENT, why)
         if not go:
             return
         detailed, self._detailed = self._detailed, False
@@ -633,14 +613,7 @@ class Probe:
             record["canary"] = self._canary.run()  # type: ignore[union-attr]
         except Exception as exc:
             self._canary = None
-            self.writer.write(
-                contract.KIND_EVENT,
-                rank=self.rank,
-                t=time.time(),
-                step=record["step"],
-                event="canary_off",
-                message=f"canary forward off for this run: {type(exc).__name__}: {exc}",
-            )
+            self._event("canary_off", f"canary forward off for this run: {type(exc).__name__}: {exc}", record["step"])
 
     def _next_is_measured(self) -> None:
         self._measuring = True
@@ -752,6 +725,17 @@ class Probe:
             self.disable(exc)
             return None
 
+    def _event(self, event: str, message: str, step: int | None = None) -> None:
+        """One event record of this probe (records/contract.py: EVENT)."""
+        self.writer.write(
+            contract.KIND_EVENT,
+            rank=self.rank,
+            t=time.time(),
+            step=self.step if step is None else step,
+            event=event,
+            message=message,
+        )
+
     def disable(self, exc: BaseException) -> None:
         """Stop for the rest of the run on this rank, saying so once, in the records (what
         is lost: every step after this one) and on stderr. Training goes on untouched."""
@@ -763,9 +747,7 @@ class Probe:
             self._forward_handle = None
         event, line = safety.disabled_lines(self.rank, self.step, exc)
         try:
-            self.writer.write(
-                contract.KIND_EVENT, rank=self.rank, t=time.time(), step=self.step, event="exception", message=event
-            )
+            self._event("exception", event)
         except Exception:
             pass
         safety.say(line)
