@@ -177,7 +177,7 @@ class Probe:
         # A model rebuilt in the same process (checkpoint, rebuild, load, resume) is the
         # same replica's next segment, not a second model: the probes of the same layout
         # alive now, with their update counts, decide it at this probe's first optimizer
-        # (_take_over_from).
+        # (_take_over_from_rebuilt).
         self.segment = 1
         self._layout_key = tuple((n, tuple(p.shape)) for n, p in self._named_params)
         self._peers_at_birth = {id(q): q.opt_steps for q in _active if q._layout_key == self._layout_key}
