@@ -39,6 +39,8 @@ TORCH_NOT_IN_SHORT_RUN = {
     ("snapshot", "replica"): "sharded/hybrid jobs only (tests/probe/test_mesh*)",
     ("snapshot", "init_param_fp_local"): "zero-code mode only (tests/probe/test_run_cli.py)",
     ("snapshot", "segment"): "a model rebuilt in the process only (tests/probe/test_round_trip.py)",
+    ("step", "uncovered_grads"): "a parameter trained outside DDP's reducer only (tests/probe/test_round_trip.py)",
+    ("step", "uncovered_first"): "a parameter trained outside DDP's reducer only (tests/probe/test_round_trip.py)",
     ("step", "replica_fps"): "sharded/hybrid jobs only",
     **{
         ("event", name): "events come from probe failures and heals (tests/probe/test_heal.py)"

@@ -142,3 +142,22 @@ def test_a_model_rebuilt_in_the_same_process_is_the_same_replicas_next_segment(t
         assert diag.findings[0].step == 31
     else:
         assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
+
+
+@pytest.mark.parametrize("before_wrap", [False, True])
+def test_a_backbone_unfrozen_after_the_wrap_is_named_as_gradients_no_all_reduce_covers(
+    tmp_path: Path, before_wrap: bool
+) -> None:
+    """scripts/unfreeze_job.py: frozen when DDP is built, unfrozen at step 12: the
+    probe sees gradients outside the reducer's parameters at the next check (SD409),
+    not a canary or a flipped bit; unfrozen before the wrap it is healthy."""
+    out = tmp_path / "run"
+    args = ["--unfreeze-before-wrap"] if before_wrap else []
+    proc = torchrun_syncdoctor(out, "unfreeze_job.py", *args, extra=("--check-every", "10"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    diag = diagnose([out])
+    if before_wrap:
+        assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
+    else:
+        top = diag.findings[0]
+        assert (top.code, top.step, top.tensor) == ("SD409", 20, "0.weight"), [f.code for f in diag.findings]

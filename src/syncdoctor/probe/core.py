@@ -59,6 +59,13 @@ def _ddp_class() -> type[torch.nn.parallel.DistributedDataParallel]:
     return DistributedDataParallel
 
 
+def _reduced_by(ddp: Any) -> set[int]:
+    """The parameters a DDP wrapper's reducer averages, and the ones it was told to
+    leave alone (the script reduces those itself, by design)."""
+    ignored: set[str] = getattr(ddp, "parameters_to_ignore", None) or set()
+    return {id(p) for n, p in ddp.module.named_parameters() if p.requires_grad or n in ignored}
+
+
 def _ddp_holding(module: torch.nn.Module) -> Any:
     """The live DDP wrapper of `module`, if one holds it (a scan of live objects, once
     per probe, only where DDP is in use)."""
@@ -104,6 +111,11 @@ class Probe:
         # module (a Trainer callback is handed the unwrapped model): the forward watch
         # runs at its call, with no global hook (probe/hooks.py).
         self._wrapper = model if model is not self.module else _ddp_holding(self.module)
+        # What DDP's reducer averages: the parameters that required a gradient when the
+        # wrapper was built (it is built then, once), less the ones it was told to ignore.
+        # A gradient on any other parameter is never averaged (frozen then unfrozen, a
+        # layer replaced after the wrap). None without a DDP wrapper.
+        self._reduced_ids = self._guard(_reduced_by, self._wrapper) if self._wrapper is not None else None
         self.optimizer: torch.optim.Optimizer | None = None
         self.loss_fn, self.loader, self.global_batch = loss_fn, loader, global_batch
         self.baseline = baseline  # the single-card recipe (lr, batch_size), for the doctor
@@ -641,6 +653,13 @@ class Probe:
     def _measurements(self) -> dict[str, Any]:
         params = self._params
         out: dict[str, Any] = {}
+        if self._reduced_ids is not None:
+            uncovered = [
+                n for n, p in self.module.named_parameters() if p.grad is not None and id(p) not in self._reduced_ids
+            ]
+            if uncovered:
+                out["uncovered_grads"] = len(uncovered)
+                out["uncovered_first"] = uncovered[0]
         tensor_fps = fingerprints(params, cache=self._views, kind="param")
         out["param_fp"] = combine(tensor_fps)
         replica = self._per_class(tensor_fps)

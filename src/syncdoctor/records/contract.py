@@ -146,6 +146,13 @@ STEP = (
     _f("loss_scale", "float", "AMP loss scale"),
     _f("overflow", "bool", "inf/nan gradients: the update was skipped"),
     _f("grad_fp16", "bool", "the gradients hold float16 values"),
+    _f(
+        "uncovered_grads",
+        "int",
+        "DDP, at checks, absent when none: parameters holding a gradient that the DDP reducer does not average",
+        by=(TORCH,),
+    ),
+    _f("uncovered_first", "str", "the first of them, by name", by=(TORCH,)),
     _f("train_mode", "str", '"n/m[:hex]" modules in train mode (TRAIN_MODE)'),
     _f("config_fp", "int", "fingerprint of what must be configured alike (loss, optimizer, DDP settings)", by=(TORCH,)),
     _f(
