@@ -1,4 +1,4 @@
-"""The canary forward's own cost (probe/canary.py), one process, no process group: the
+"""The canary forward's own cost (probe/torch/canary.py), one process, no process group: the
 thread CPU time of one canary call against one training step of the same model, and
 what that is per step at the default interval (one canary per detailed check, every
 `detail_every` steps). A quick complement to bench_probe.py, whose two-rank CNN run
@@ -18,8 +18,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import ResNetSmall, mlp  # noqa: E402
 
-from syncdoctor.probe import core  # noqa: E402
-from syncdoctor.probe.canary import Canary  # noqa: E402
+from syncdoctor.probe.torch import probe as core  # noqa: E402
+from syncdoctor.probe.torch.canary import Canary  # noqa: E402
 
 DETAIL_EVERY = core.DEFAULT_CHECK_EVERY * -(-core.DETAIL_EVERY // core.DEFAULT_CHECK_EVERY)
 

@@ -1,6 +1,6 @@
 """The live check at 1,024 and 8,192 ranks: store traffic and per-rank cost.
 
-The check (probe/check.py) needs no collective: every rank writes one block of check
+The check (probe/torch/check.py) needs no collective: every rank writes one block of check
 rows to the job's c10d TCPStore per block (one `set`, no reply awaited by the
 protocol), and one rank in turn reads the block back (`check` + `multi_get` of N
 keys) and compares it. This benchmark runs that exchange for real against a real

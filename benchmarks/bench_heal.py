@@ -7,7 +7,7 @@ majority rank), and the store round trips of the meeting before it.
 
 It starts `--world-size` real processes (gloo over 127.0.0.1, one thread each) that
 hold a model of the given parameter size with SGD momentum (so the optimizer state
-is as large again) and time syncdoctor.probe.heal.restore_from, the function a heal
+is as large again) and time syncdoctor.probe.torch.heal.restore_from, the function a heal
 runs, between barriers; the figure is the slowest rank's time, median of the
 repeats. The meeting (one store `add` per rank, then a compare_set and a poll) is
 timed alone as `meet_ms`.
@@ -37,8 +37,8 @@ def rank_main() -> None:
     import torch
     import torch.distributed as dist
 
-    from syncdoctor.probe.check import job_store
-    from syncdoctor.probe.heal import restore_from
+    from syncdoctor.probe.torch.check import job_store
+    from syncdoctor.probe.torch.heal import restore_from
 
     sizes_mb = [float(s) for s in os.environ["BENCH_SIZES_MB"].split(",")]
     repeats = int(os.environ["BENCH_REPEATS"])
@@ -100,7 +100,7 @@ def check_cost_main() -> None:
     import torch.distributed as dist
 
     import syncdoctor
-    from syncdoctor.probe.heal import Healer
+    from syncdoctor.probe.torch.heal import Healer
 
     steps, every = int(os.environ["BENCH_STEPS"]), int(os.environ["BENCH_CHECK_EVERY"])
     torch.set_num_threads(1)

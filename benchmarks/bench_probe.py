@@ -103,7 +103,7 @@ def worker(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(HERE))
     from models import ResNetSmall, mlp, param_bytes
 
-    from syncdoctor.probe import core
+    from syncdoctor.probe.torch import probe as core
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
@@ -125,7 +125,7 @@ def worker(args: argparse.Namespace) -> None:
     optimizer = torch.optim.SGD(base.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     run_dir = Path(args.tmp)
-    # "default_no_canary": the default with the canary forward off (probe/canary.py), in the
+    # "default_no_canary": the default with the canary forward off (probe/torch/canary.py), in the
     # own-CPU and memory passes only: the canary's cost is the difference.
     every = {"default": None, "every": 1, "default_no_canary": None}
     probe: Any = None

@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     from syncdoctor.experiment import cli as experiment_cli
     from syncdoctor.lab import cli as lab_cli
     from syncdoctor.preflight import cli as preflight_cli
-    from syncdoctor.probe import cli as probe_cli
+    from syncdoctor.probe.run import launcher as probe_cli
 
     parser = Parser(
         prog="syncdoctor",

@@ -16,13 +16,13 @@ ON_MISMATCH_ENV = "SYNCDOCTOR_ON_MISMATCH"
 DISABLE_ENV = "SYNCDOCTOR_DISABLE"
 CHECK_TIMEOUT_ENV = "SYNCDOCTOR_CHECK_TIMEOUT"
 HEAL_WAIT_ENV = "SYNCDOCTOR_HEAL_WAIT_S"
-# "0": no canary forward at detailed checks (probe/canary.py); on by default.
+# "0": no canary forward at detailed checks (probe/torch/canary.py); on by default.
 CANARY_ENV = "SYNCDOCTOR_CANARY"
 # "1": the record writer checks every record against records/contract.py and writes
 # what breaks it to RUN_DIR/records/rank{R}.violations (the contract test sets it).
 VALIDATE_RECORDS_ENV = "SYNCDOCTOR_VALIDATE_RECORDS"
 # `syncdoctor experiment`: the one factor a rerun changes on every rank (experiment/ sets it,
-# probe/variants.py applies it). VARIANT_WORLD_ENV: the world size of the run the variant is
+# experiment/inrank.py applies it). VARIANT_WORLD_ENV: the world size of the run the variant is
 # compared with (the single-rank baseline scales its per-rank batch to the same global batch).
 VARIANT_ENV = "SYNCDOCTOR_VARIANT"
 VARIANT_WORLD_ENV = "SYNCDOCTOR_VARIANT_WORLD"

@@ -14,7 +14,7 @@ import pytest
 from syncdoctor.cli import build_parser, main
 from syncdoctor.lab.faults import FAULTS
 from syncdoctor.lab.runner import LAB_CHECK_EVERY
-from syncdoctor.probe.core import DEFAULT_CHECK_EVERY
+from syncdoctor.probe.torch.probe import DEFAULT_CHECK_EVERY
 
 REPO = Path(__file__).resolve().parents[2]
 RANK_TABLES = REPO / "tests" / "rules" / "_shared" / "rank_tables"

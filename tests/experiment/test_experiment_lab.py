@@ -28,8 +28,8 @@ LAB_ARGS = ("--world-size", "2", "--steps", "80", "--onset", "10", "--pg-timeout
 STEPS = 30
 TIMEOUT_S = 400
 NEEDS_VARIANTS = pytest.mark.skipif(
-    importlib.util.find_spec("syncdoctor.probe.variants") is None,
-    reason="the ranks' side of the variants (probe/variants.py, branch h/variants) is not merged yet",
+    importlib.util.find_spec("syncdoctor.experiment.inrank") is None,
+    reason="the ranks' side of the variants (experiment/inrank.py, branch h/variants) is not merged yet",
 )
 
 

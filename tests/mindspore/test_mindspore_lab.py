@@ -232,7 +232,7 @@ def test_probe_imports_without_torch() -> None:
 
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "import syncdoctor.probe.mindspore, syncdoctor.probe.mindspore_auto, syncdoctor.probe.fingerprint_np"
+        "import syncdoctor.probe.mindspore.probe, syncdoctor.probe.mindspore.attach, syncdoctor.probe.core.fingerprint"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]

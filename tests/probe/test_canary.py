@@ -1,4 +1,4 @@
-"""The canary forward (probe/canary.py) and the rule that reads it (SD504): single
+"""The canary forward (probe/torch/canary.py) and the rule that reads it (SD504): single
 processes here; the multi-rank lab runs are in tests/lab/test_canary_lab.py."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch import nn
 
 import syncdoctor
 from syncdoctor.doctor.diagnose import diagnose
-from syncdoctor.probe.canary import Canary
+from syncdoctor.probe.torch.canary import Canary
 from syncdoctor.records import read_run
 
 FIXTURES = Path(__file__).resolve().parents[1] / "rules" / "SD504"

@@ -23,17 +23,17 @@ SYNCDOCTOR = [sys.executable, "-c", "import sys; from syncdoctor.cli import main
 TIMEOUT_S = 240
 # Where each hook point's own work starts: a failure there is what the fence must hold.
 HOOK_POINTS = {
-    "init_process_group": "syncdoctor.probe.auto:_after_init",
-    "DDP construction": "syncdoctor.probe.auto:_attach_ddp",
-    "backward": "syncdoctor.probe.auto:_capture_loss",
-    "optimizer step (global)": "syncdoctor.probe.auto:_probe_for_optimizer",
-    "GradScaler step": "syncdoctor.probe.auto:_scaler_before",
-    "forward start": "syncdoctor.probe.core:Probe._on_forward_start",
-    "forward end": "syncdoctor.probe.core:Probe._on_forward_end",
-    "local gradient": "syncdoctor.probe.core:Probe._on_local_grad",
-    "optimizer step (probe)": "syncdoctor.probe.core:Probe._after_step_hook",
-    "check-step measurement": "syncdoctor.probe.core:Probe._measurements",
-    "live check": "syncdoctor.probe.check:CrossRankCheck.submit",
+    "init_process_group": "syncdoctor.probe.torch.attach:_after_init",
+    "DDP construction": "syncdoctor.probe.torch.attach:_attach_ddp",
+    "backward": "syncdoctor.probe.torch.attach:_capture_loss",
+    "optimizer step (global)": "syncdoctor.probe.torch.attach:_probe_for_optimizer",
+    "GradScaler step": "syncdoctor.probe.torch.attach:_scaler_before",
+    "forward start": "syncdoctor.probe.torch.probe:Probe._on_forward_start",
+    "forward end": "syncdoctor.probe.torch.probe:Probe._on_forward_end",
+    "local gradient": "syncdoctor.probe.torch.probe:Probe._on_local_grad",
+    "optimizer step (probe)": "syncdoctor.probe.torch.probe:Probe._after_step_hook",
+    "check-step measurement": "syncdoctor.probe.torch.probe:Probe._measurements",
+    "live check": "syncdoctor.probe.torch.check:CrossRankCheck.submit",
     "record writer": "syncdoctor.records.writer:RecordWriter.append",
 }
 UNRECORDABLE = {"record writer"}  # a writer that fails cannot record its own failure: stderr says it

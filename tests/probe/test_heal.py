@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from syncdoctor.lab.launch import free_port, run_ranks
-from syncdoctor.probe.heal import block_for
+from syncdoctor.probe.torch.heal import block_for
 from syncdoctor.records import read_run
 
 SCRIPT = Path(__file__).parent / "scripts" / "heal_job.py"

@@ -1,4 +1,4 @@
-"""The probe's hook points leave nothing on the user's objects (probe/hooks.py), and
+"""The probe's hook points leave nothing on the user's objects (probe/torch/hooks.py), and
 what they report is what the old per-object hooks reported."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.modules import module as torch_module
 
-from syncdoctor.probe import hooks, safety
-from syncdoctor.probe.canary import eager_module
+from syncdoctor.probe.core import safety
+from syncdoctor.probe.torch import hooks
+from syncdoctor.probe.torch.canary import eager_module
 
 
 class Seen:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from syncdoctor.lab.launch import end_process_groups, free_port
-from syncdoctor.probe.cli import prepare
-from syncdoctor.probe.core import DEFAULT_CHECK_EVERY
+from syncdoctor.probe.run.launcher import prepare
+from syncdoctor.probe.torch.probe import DEFAULT_CHECK_EVERY
 from syncdoctor.records import read_run
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
-"""Replica groups from placements (probe/mesh.py) and the check's comparison within
-them (probe/check.py): fast, on real DTensors in a one-process gloo group and on
+"""Replica groups from placements (probe/torch/mesh.py) and the check's comparison within
+them (probe/torch/check.py): fast, on real DTensors in a one-process gloo group and on
 hand-made check rows."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import torch
 import torch.distributed as dist
 
 from syncdoctor.lab.launch import free_port
-from syncdoctor.probe.check import CLASS_FIELDS, FIELDS, N_CLASS_COLUMNS, compare_groups
-from syncdoctor.probe.fingerprint import fingerprints
-from syncdoctor.probe.mesh import coordinate_of, group_name, layout_of, local_shard, placement_of
+from syncdoctor.probe.core.compare import CLASS_FIELDS, FIELDS, N_CLASS_COLUMNS, compare_groups
+from syncdoctor.probe.core.mesh import coordinate_of, group_name
+from syncdoctor.probe.torch.fingerprint import fingerprints
+from syncdoctor.probe.torch.mesh import layout_of, local_shard, placement_of
 
 
 @pytest.fixture(scope="module")

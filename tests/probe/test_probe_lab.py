@@ -14,8 +14,8 @@ import pytest
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.lab.plan import RankPlan
 from syncdoctor.lab.runner import LAB_CHECK_EVERY, run_lab
-from syncdoctor.probe.check import MAX_BLOCK, READ_EVERY_STEPS
-from syncdoctor.probe.core import DETAIL_EVERY
+from syncdoctor.probe.torch.check import MAX_BLOCK, READ_EVERY_STEPS
+from syncdoctor.probe.torch.probe import DETAIL_EVERY
 from syncdoctor.records import RunRecords, read_run
 
 pytestmark = pytest.mark.slow

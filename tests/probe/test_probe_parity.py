@@ -1,6 +1,6 @@
 """The torch and the MindSpore probe behave alike where a user can tell: the same
 defaults and environment variables (syncdoctor/settings.py), the same verdict line and
-evidence bundle (probe/verdict.py, probe/evidence.py) and the same exception. The
+evidence bundle (probe/core/verdict.py, probe/core/evidence.py) and the same exception. The
 MindSpore probe's class imports without MindSpore (it loads it when it measures), so
 its reporting runs here; its checks over real ranks are in tests/mindspore/."""
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from syncdoctor import settings
-from syncdoctor.probe.core import NullProbe, Probe, attach
-from syncdoctor.probe.mindspore import MindSporeProbe
+from syncdoctor.probe.mindspore.probe import MindSporeProbe
+from syncdoctor.probe.torch.probe import NullProbe, Probe, attach
 from syncdoctor.records.writer import RecordWriter
 
 
@@ -68,7 +68,7 @@ def test_mindspore_verdict_line_evidence_and_exception(tmp_path: Path, capsys: p
     with pytest.raises(settings.SyncMismatchError) as raised:
         probe._report(["param"], [1], "fc.weight", detail)
     line = "GRADIENT_SYNC: rank 0 and rank 1 parameter mismatch at step 20 (first: fc.weight)"
-    assert str(raised.value).startswith(line)  # the torch probe's format (probe/verdict.py)
+    assert str(raised.value).startswith(line)  # the torch probe's format (probe/core/verdict.py)
     assert f"syncdoctor: [ERROR] {line}" in capsys.readouterr().err
     bundle = json.loads((tmp_path / "evidence" / "step20.rank1.json").read_text())
     assert bundle["per_rank"] == detail and bundle["tensor"] == "fc.weight"

@@ -12,16 +12,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from syncdoctor.probe.check import (
+from syncdoctor.probe.core.compare import (
     FIELDS,
     compare,
     config_fingerprint,
     group_bounds,
-    mismatch_message,
     tensor_groups,
 )
-from syncdoctor.probe.evidence import log_tail, snapshot_differences
-from syncdoctor.probe.fingerprint import combine, fingerprints, ids_fingerprint, tensor_fingerprint
+from syncdoctor.probe.core.evidence import log_tail, snapshot_differences
+from syncdoctor.probe.core.fingerprint import combine
+from syncdoctor.probe.core.verdict import mismatch_message
+from syncdoctor.probe.torch.fingerprint import fingerprints, ids_fingerprint, tensor_fingerprint
 from syncdoctor.records import read_run
 from syncdoctor.records.compare import agreement, describe_split, majority_outliers
 from syncdoctor.records.writer import RecordWriter

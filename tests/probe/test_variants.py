@@ -1,4 +1,4 @@
-"""`syncdoctor experiment`'s variants inside the rank processes (probe/variants.py).
+"""`syncdoctor experiment`'s variants inside the rank processes (experiment/inrank.py).
 
 Fast tests: the cross-rank agreement over a real c10d store (all ranks there, one that
 never comes, one that comes too late), and the seeds / data / single patches in a
@@ -21,8 +21,8 @@ import pytest
 import torch.distributed as dist
 
 from syncdoctor.doctor.diagnose import load_evidence, run_rules
+from syncdoctor.experiment import inrank as variants
 from syncdoctor.lab.launch import free_port
-from syncdoctor.probe import variants
 from syncdoctor.settings import VARIANT_ENV, VARIANT_WORLD_ENV
 from tests.conftest import pids_running_with
 
@@ -72,7 +72,7 @@ def test_agreement_is_none_on_every_rank_when_one_never_comes(monkeypatch: pytes
 SEEDS_SCRIPT = r"""
 import json, random, sys
 import numpy as np, torch
-from syncdoctor.probe import variants
+from syncdoctor.experiment import inrank as variants
 variants.install_torch()
 def one_rank(rank):
     variants._status.seed_calls.clear()  # a fresh process per rank, as far as the counters go
@@ -93,7 +93,7 @@ DATA_SCRIPT = r"""
 import json, os
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
-from syncdoctor.probe import variants
+from syncdoctor.experiment import inrank as variants
 variants.install_torch()
 dataset = TensorDataset(torch.arange(40))
 out = {}
@@ -113,7 +113,7 @@ print(json.dumps({"ids": out, "status": variants._status.record()}))
 SINGLE_SCRIPT = r"""
 import json, torch
 from torch.utils.data import DataLoader, TensorDataset
-from syncdoctor.probe import variants
+from syncdoctor.experiment import inrank as variants
 variants.install_torch()
 loader = DataLoader(TensorDataset(torch.arange(40)), batch_size=4, shuffle=True)
 print(json.dumps({"batch": len(next(iter(loader))[0]), "status": variants._status.record()}))

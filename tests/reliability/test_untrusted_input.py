@@ -45,7 +45,7 @@ ALLOWED = {
         "importlib.import_module",
     ): "lazy import of syncdoctor.records.<reader|schema|writer> from a fixed table",
     (
-        "probe/mindspore_auto.py",
+        "probe/mindspore/attach.py",
         "importlib.import_module",
     ): "imports MindSpore's own modules named in the probe's source (the classes it patches), never a name from input",
 }

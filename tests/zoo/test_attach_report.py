@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from syncdoctor.probe.cli import attach_report
+from syncdoctor.probe.run.launcher import attach_report
 
 SYNCDOCTOR = [sys.executable, "-c", "import sys; from syncdoctor.cli import main; sys.exit(main())"]
 

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from syncdoctor.probe.core import unwrap_optimizer
+from syncdoctor.probe.torch.probe import unwrap_optimizer
 
 
 def test_integrations_import_without_their_frameworks() -> None:

@@ -249,7 +249,7 @@ def _in_mesh_terms(ev: Evidence, findings: list[Finding]) -> None:
     mesh = ev.mesh
     if div is None or mesh is None:
         return
-    from syncdoctor.probe.mesh import group_name
+    from syncdoctor.probe.core.mesh import group_name
 
     groups = div.detail.get("groups") or []
     lines = []

@@ -450,7 +450,7 @@ class Evidence:
     @cached_property
     def replica(self) -> dict[int, dict[str, Any]]:
         """Per rank, the placement classes and replica keys of a sharded/hybrid job
-        (probe/mesh.py); empty under plain data parallelism."""
+        (probe/torch/mesh.py); empty under plain data parallelism."""
         return {r: snap["replica"] for r, snap in self.snapshots.items() if isinstance(snap.get("replica"), dict)}
 
     @cached_property

@@ -1,6 +1,6 @@
 """Running one variant of the user's job, and leaving nothing behind.
 
-Each rerun goes through the same machinery as `syncdoctor run` (probe/cli.py: the
+Each rerun goes through the same machinery as `syncdoctor run` (probe/run/launcher.py: the
 generated sitecustomize, the rank logs, the subreaper), with two differences:
 
 - the launcher starts in a session of its own, so it and everything in its process
@@ -10,7 +10,7 @@ generated sitecustomize, the rank logs, the subreaper), with two differences:
   launcher is gone they are re-parented to this process (the subreaper), so they are
   found and ended there too. Nothing is ever looked up by name.
 - the job stops after N optimizer steps without a code change: STOP_AFTER_ENV makes
-  every rank close its records after step N and exit (probe/core.py). When every
+  every rank close its records after step N and exit (probe/torch/probe.py). When every
   rank has closed its records and the launcher is still there after GRACE_S (a rank
   that did not stop: a step that is not an optimizer step, a launcher that restarts
   workers), the run is ended from here.
@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from syncdoctor.probe import cli as run_cli
+from syncdoctor.probe.run import launcher as run_cli
 from syncdoctor.settings import RUN_DIR_ENV, STOP_AFTER_ENV
 
 GRACE_S = 20.0  # every rank closed its records: how long the launcher gets to exit

@@ -165,8 +165,8 @@ def zero_code_env(out: Path, check_every: int | None = None) -> dict[str, str]:
     """The environment `syncdoctor run` gives a command (its sitecustomize first on
     PYTHONPATH), so the probe attaches to the lab script as to any user's script; less
     the copy of each rank's output, which msrun already writes to worker_N.log."""
-    from syncdoctor.probe import boot
-    from syncdoctor.probe.cli import prepare
+    from syncdoctor.probe.run import boot
+    from syncdoctor.probe.run.launcher import prepare
 
     env = prepare(out, check_every, None, env=dict(os.environ))
     env.pop(boot.AUTO_ENV, None)

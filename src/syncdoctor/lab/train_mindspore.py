@@ -39,7 +39,7 @@ from mindspore.communication import get_group_size, get_rank, init
 
 from syncdoctor.lab.digits import load_digits_arrays
 from syncdoctor.lab.plan import RankPlan
-from syncdoctor.probe.mindspore_auto import report, skipped
+from syncdoctor.probe.mindspore.attach import report, skipped
 
 # -----------------------------------------------------------------------------
 # configuration

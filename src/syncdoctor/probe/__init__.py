@@ -1,6 +1,6 @@
 """The probe: per-rank, per-step records and a live cross-rank check.
 
-Names are resolved lazily (PEP 562) so that `syncdoctor.probe.boot`, which the
+Names are resolved lazily (PEP 562) so that `syncdoctor.probe.run.boot`, which the
 generated sitecustomize imports into every process of a `syncdoctor run`, does not
 pull in torch.
 """
@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:
 
         return SyncMismatchError
     if name in ("NullProbe", "Probe"):
-        from syncdoctor.probe import core
+        from syncdoctor.probe.torch import probe as core
 
         return getattr(core, name)
     raise AttributeError(name)
@@ -30,7 +30,8 @@ def attach(model: Any, optimizer: Any = None, **kwargs: Any) -> Any:
     the script reports no loss with `probe.loss`, the scalar each backward() receives
     is recorded as the loss, unscaled by GradScaler's scale, as under `syncdoctor run`:
     a verdict on records with no loss could not see what each rank optimized."""
-    from syncdoctor.probe import auto, core
+    from syncdoctor.probe.torch import attach as auto
+    from syncdoctor.probe.torch import probe as core
 
     probe = core.attach(model, optimizer, **kwargs)
     if isinstance(probe, core.Probe):

@@ -73,7 +73,7 @@ def install_pause_points(rank: int, state: dict) -> None:
     """Kill tests only: stop inside the probe's record writer or just before its check."""
     if not PAUSE:
         return
-    from syncdoctor.probe.check import CrossRankCheck
+    from syncdoctor.probe.torch.check import CrossRankCheck
     from syncdoctor.records import tail
     from syncdoctor.records.writer import RecordWriter
 

@@ -70,7 +70,7 @@ class UnshardedData(Rule):
             "(several ranks map to one shard, others are never read)",
         ]
         if ev.mesh:
-            from syncdoctor.probe.mesh import coordinate_of
+            from syncdoctor.probe.core.mesh import coordinate_of
 
             coords = [coordinate_of(r, ev.mesh) for r in groups[0]]
             apart = [d for d in ev.mesh["dim_names"] if len({c.get(d) for c in coords}) > 1]

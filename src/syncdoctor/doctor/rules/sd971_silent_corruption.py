@@ -42,7 +42,7 @@ CONFINED_SHARE = 0.25
 
 def reach_of(ev: Evidence, step: int) -> tuple[int, int] | None:
     """(tensors that differ, tensors compared) at the first live mismatch at or after
-    `step` that counted them (probe/check.py), else None."""
+    `step` that counted them (probe/torch/check.py), else None."""
     for check in sorted((c for c in ev.checks if c.get("status") == "mismatch"), key=lambda c: c["step"]):
         reach = (check.get("detail") or {}).get("tensors_differ")
         if (

@@ -33,7 +33,7 @@ class _SyncDoctorCallback:
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self.probe is not None:
             return
-        from syncdoctor.probe.core import attach
+        from syncdoctor.probe.torch.probe import attach
 
         optimizers = list(getattr(trainer, "optimizers", []) or [])
         model = getattr(trainer.strategy, "model", None) or pl_module  # the DDP wrapper when there is one

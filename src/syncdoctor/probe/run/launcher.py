@@ -2,7 +2,7 @@
 to every rank, without changing the command's behaviour or its exit code.
 
 How: a generated `sitecustomize.py` is put first on PYTHONPATH (an existing one is
-still run), so every Python process the command starts imports syncdoctor.probe.boot;
+still run), so every Python process the command starts imports syncdoctor.probe.run.boot;
 that installs the torch/MindSpore patches only when the framework is imported and
 tees each rank's output into DIR/logs/rank{R}.log. The command's own stdin, stdout
 and stderr are the terminal's, as without syncdoctor.
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from syncdoctor.probe import boot
+from syncdoctor.probe.run import boot
 from syncdoctor.settings import DEFAULT_CHECK_EVERY
 
 REAP_WAIT_S = 10.0
@@ -56,7 +56,7 @@ except Exception as _exc:  # as Python reports a failing sitecustomize: one line
     print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\\n{type(_exc).__name__}: {_exc}",
           file=_sys.stderr)
 try:
-    from syncdoctor.probe import boot as _boot
+    from syncdoctor.probe.run import boot as _boot
 except Exception as _exc:
     print(f"syncdoctor: {_sys.executable} cannot import syncdoctor ({_exc}); no probe in this process",
           file=_sys.stderr)

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from syncdoctor.probe.snapshot_common import (
+from syncdoctor.probe.core.snapshot import (
     HYPERPARAM_TYPES,
     build_common_snapshot,
     digest,

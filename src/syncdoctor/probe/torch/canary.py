@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import xxhash
 
-from syncdoctor.probe.fingerprint import _device_fingerprint, tensor_fingerprint
+from syncdoctor.probe.torch.fingerprint import _device_fingerprint, tensor_fingerprint
 
 CANARY_BATCH = 2  # the batch dimension of the canary input: a forward costs little
 CANARY_SEED = 20261130  # the canary input's values and the forward's dropout masks

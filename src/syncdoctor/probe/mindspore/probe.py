@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 
 from syncdoctor import settings
-from syncdoctor.probe import precision, safety
-from syncdoctor.probe.evidence import LAST_LOSSES, dump_evidence
-from syncdoctor.probe.fingerprint_np import array_fingerprint, combine, ids_fingerprint
-from syncdoctor.probe.snapshot_common import build_common_snapshot, public_scalars
-from syncdoctor.probe.verdict import mismatch_message, print_verdict
+from syncdoctor.probe.core import precision, safety
+from syncdoctor.probe.core.evidence import LAST_LOSSES, dump_evidence
+from syncdoctor.probe.core.fingerprint import array_fingerprint, combine, ids_fingerprint
+from syncdoctor.probe.core.snapshot import build_common_snapshot, public_scalars
+from syncdoctor.probe.core.verdict import mismatch_message, print_verdict
 from syncdoctor.records import contract
 from syncdoctor.records.compare import majority_outliers
 from syncdoctor.records.constants import MAX_IDS
@@ -527,7 +527,7 @@ class MindSporeProbe:
 
     def _report(self, what: list[str], ranks: list[int], tensor: str | None, detail: dict[str, Any]) -> None:
         """The verdict line, the evidence bundle and the exception, as the torch probe
-        (probe/verdict.py); heal is torch-only: here it warns."""
+        (probe/core/verdict.py); heal is torch-only: here it warns."""
         message = mismatch_message(self.step, what, ranks, tensor, self.world_size)
         self._event("mismatch", message)
         if self.rank in (0, *ranks[:1]):
@@ -568,7 +568,7 @@ class MindSporeProbe:
 
 
 def _fp16_exact(grads: list[np.ndarray]) -> bool | None:
-    """Whether the gradients hold float16 values, as the torch probe decides it (probe/precision.py)."""
+    """Whether the gradients hold float16 values, as the torch probe decides it (probe/core/precision.py)."""
     return precision.fp16_exact(grads, lambda g: str(g.dtype), lambda g, n: g.reshape(-1)[:n])
 
 
@@ -629,7 +629,7 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
             except Exception:
                 pass
             optimizer = _cb_get(cb, "optimizer")
-            from syncdoctor.probe import mindspore_auto
+            from syncdoctor.probe.mindspore import attach as mindspore_auto
 
             if mindspore_auto.W.need_init:
                 mindspore_auto.take_init()
@@ -667,7 +667,7 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
             cb = run_context.original_args()
             out = _cb_get(cb, "net_outputs")
             overflow, scale = scaled_step_outputs(out)
-            from syncdoctor.probe.mindspore_auto import _global_step, take_batches
+            from syncdoctor.probe.mindspore.attach import _global_step, take_batches
 
             optimizer = _cb_get(cb, "optimizer")
             micro, samples, data_fp = take_batches()  # what the dataset iterator handed out (non-sink mode)
@@ -713,7 +713,7 @@ def _find_loss(network: Any) -> Any:
 
 
 # -----------------------------------------------------------------------------------------
-# zero-code attach (probe/mindspore_auto.py)
+# zero-code attach (probe/mindspore/attach.py)
 def install_autoattach(run_dir: str | os.PathLike[str] | None = None, check_every: int | None = None) -> bool:
     """Attach to every training style without code changes: Model.train, train cells,
     value_and_grad + optimizer(grads), jitted steps. False where MindSpore is missing."""
@@ -722,7 +722,7 @@ def install_autoattach(run_dir: str | os.PathLike[str] | None = None, check_ever
     if check_every is not None:
         os.environ.setdefault(settings.CHECK_EVERY_ENV, str(check_every))
     try:
-        from syncdoctor.probe import mindspore_auto
+        from syncdoctor.probe.mindspore import attach as mindspore_auto
 
         return mindspore_auto.install()
     except Exception as exc:
@@ -732,6 +732,6 @@ def install_autoattach(run_dir: str | os.PathLike[str] | None = None, check_ever
 
 def install_lazy_autoattach() -> None:
     """For a sitecustomize: attach when (and only if) the process imports MindSpore."""
-    from syncdoctor.probe import boot
+    from syncdoctor.probe.run import boot
 
     boot.when_imported("mindspore.train.model", install_autoattach)

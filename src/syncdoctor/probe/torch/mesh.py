@@ -29,24 +29,7 @@ from typing import Any, overload
 
 import torch
 
-MAX_CLASSES = 4  # placement classes a check row carries (more are folded into the last)
-# Mesh dimension names that shard the data (each coordinate reads its own batches);
-# any other name (tp, cp, pp, ep, sp, ...) splits the model, not the data. An unnamed
-# mesh is taken as all data parallel.
-DATA_PARALLEL_NAMES = (
-    "dp",
-    "data",
-    "replicate",
-    "shard",
-    "dp_replicate",
-    "dp_shard",
-    "dp_shard_cp",
-    "fsdp",
-    "hsdp",
-    "ddp",
-    "zero",
-    "dp_cp",
-)
+from syncdoctor.probe.core.mesh import MAX_CLASSES, is_data_parallel
 
 
 def is_dtensor(t: Any) -> bool:
@@ -141,12 +124,6 @@ def layout_of(params: list[Any], rank: int) -> ReplicaLayout:
     return layout
 
 
-def is_data_parallel(name: str, names: list[str]) -> bool:
-    if all(n.startswith("dim") for n in names):
-        return True
-    return name in DATA_PARALLEL_NAMES
-
-
 def _root_mesh(mesh: Any) -> Any:
     for attr in ("_get_root_mesh",):
         getter = getattr(mesh, attr, None)
@@ -167,26 +144,3 @@ def describe_mesh(mesh: Any, rank: int) -> dict[str, Any]:
         "coordinate": list(coordinate) if coordinate is not None else None,
         "ranks": mesh.mesh.reshape(-1).tolist()[:4096],
     }
-
-
-def coordinate_of(rank: int, mesh: dict[str, Any]) -> dict[str, int]:
-    """A rank's coordinates on the root mesh, by dimension name."""
-    ranks = mesh.get("ranks") or []
-    if rank not in ranks:
-        return {}
-    flat, coords = ranks.index(rank), []
-    for size in reversed(mesh["shape"]):
-        coords.append(flat % size)
-        flat //= size
-    return dict(zip(mesh["dim_names"], reversed(coords), strict=False))
-
-
-def group_name(dims: tuple[str, ...] | list[str], members: list[int], mesh: dict[str, Any] | None) -> str:
-    """`replica group (ranks 1, 3), shard 1` in the mesh's own words: the ranks that
-    must agree and the shard they hold."""
-    shown = ", ".join(map(str, members[:8])) + (" …" if len(members) > 8 else "")
-    if not dims or mesh is None or not members:
-        return f"ranks {shown}"
-    coordinate = coordinate_of(members[0], mesh)
-    where = ", ".join(f"{d} {coordinate[d]}" for d in dims if d in coordinate)
-    return f"replica group (ranks {shown}), {where}" if where else f"replica group (ranks {shown})"

@@ -16,7 +16,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Protocol
 
-from syncdoctor.probe.verdict import PER_RANK_DETAIL
+from syncdoctor.probe.core.verdict import PER_RANK_DETAIL
 from syncdoctor.records.constants import RECORDS_SUBDIR
 
 

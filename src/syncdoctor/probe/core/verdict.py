@@ -1,7 +1,7 @@
 """What a probe says when the replicas part, whatever the framework: the verdict line
 both probes print (and raise, and put in the evidence bundle), and the names of the
-per-rank values a check compares. Framework-free: the torch probe (probe/check.py)
-and the MindSpore probe (probe/mindspore.py) both use it, so a user sees one format.
+per-rank values a check compares. Framework-free: the torch probe (probe/torch/check.py)
+and the MindSpore probe (probe/mindspore/probe.py) both use it, so a user sees one format.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 # The integers every rank posts at a check (counters, fingerprints, its train/eval
-# modes), in the order of the gathered vector (probe/check.py FIELDS begins with them).
+# modes), in the order of the gathered vector (probe/torch/check.py FIELDS begins with them).
 COMPARED = (
     "step",
     "backward",

@@ -31,7 +31,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from syncdoctor.probe import boot, core, hooks, safety, variants
+from syncdoctor.experiment import inrank as variants
+from syncdoctor.probe.core import safety
+from syncdoctor.probe.run import boot
+from syncdoctor.probe.torch import hooks
+from syncdoctor.probe.torch import probe as core
 
 MAX_TRACKED = 16  # loaders / loss modules remembered for the snapshot
 _state: dict[str, Any] = {"installed": False, "pg_timeout_s": None, "backward_calls": 0, "pending_losses": []}
@@ -99,7 +103,8 @@ def _attach_ddp(ddp: Any, pre_sync_fp: int | None) -> None:
 
 
 def _local_fp(module: torch.nn.Module) -> int:
-    from syncdoctor.probe.fingerprint import combine, fingerprints
+    from syncdoctor.probe.core.fingerprint import combine
+    from syncdoctor.probe.torch.fingerprint import fingerprints
 
     return combine(fingerprints(p for p in module.parameters() if p.requires_grad))
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import struct
 import sys
 import time
 import zlib
@@ -33,178 +32,36 @@ import numpy as np
 import torch.distributed as dist
 
 from syncdoctor import settings
-from syncdoctor.probe.heal import Healer, block_for
-from syncdoctor.probe.mesh import MAX_CLASSES
-from syncdoctor.probe.verdict import COMPARED, mismatch_message, print_verdict
+from syncdoctor.probe.core.compare import (
+    CLASS_FIELDS,
+    FIELDS,
+    MUST_MATCH,
+    N_CLASS_COLUMNS,
+    N_INT,
+    WIDTH,
+    bits_float,
+    compare_groups,
+    float_bits,
+    group_bounds,
+    groups_agree,
+    rows_of,
+    tensor_groups,
+)
+from syncdoctor.probe.core.mesh import MAX_CLASSES
+from syncdoctor.probe.core.verdict import mismatch_message, print_verdict
+from syncdoctor.probe.torch.heal import Healer, block_for
 from syncdoctor.records import contract
-from syncdoctor.records.compare import majority_outliers
 
 if TYPE_CHECKING:
-    from syncdoctor.probe.core import Probe
+    from syncdoctor.probe.torch.probe import Probe
 
 MIN_SLACK_STEPS = 4
-# The order of the gathered vector. Floats travel as their IEEE bits.
-FIELDS = (*COMPARED, "loss_bits", "grad_norm_bits")
-N_INT = FIELDS.index("mode")  # the fields taken from the record as they are
-# Job-wide: every rank must agree on these, whatever the parallelism.
-MUST_MATCH = ("step", "backward", "opt_steps", "micro", "config_fp", "mode")
-# Per placement class (probe/mesh.py): the class's replica key on this rank, then the
-# fingerprints of its local parameters, optimizer state and reduced gradients. Ranks
-# that posted the same key must agree on the three. Under DDP there is one class with
-# one key: every rank is compared with every other, as the whole-model fingerprints were.
-CLASS_FIELDS = ("key", "param_fp", "opt_fp", "grad_fp")
-CLASS_WHAT = {"param_fp": "param", "opt_fp": "opt", "grad_fp": "grad"}
-N_CLASS_COLUMNS = len(CLASS_FIELDS) * MAX_CLASSES
-# After the classes: the data key (ranks with equal keys may read the same batch, as
-# tensor-parallel peers do), then the per-tensor fingerprint groups.
-WIDTH = len(FIELDS) + N_CLASS_COLUMNS + 1
-WHAT = {
-    "step": "counter",
-    "backward": "counter",
-    "opt_steps": "counter",
-    "micro": "counter",
-    "param_fp": "param",
-    "opt_fp": "opt",
-    "grad_fp": "grad",
-    "buffer_fp": "buffer",
-    "config_fp": "config",
-    "mode": "mode",
-}
-
-
 SyncMismatchError = settings.SyncMismatchError  # one type for both probes (syncdoctor/settings.py)
-
-
-def config_fingerprint(snapshot: dict[str, Any]) -> int:
-    """What must be configured alike on every rank: loss and optimizer hyperparameters
-    and the DDP settings (not the loader: its rank differs by design)."""
-    from syncdoctor.probe.fingerprint import to_int64
-
-    keep = {k: snapshot.get(k) for k in ("loss", "optimizer", "ddp", "groups") if k in snapshot}
-    return to_int64(zlib.crc32(json.dumps(keep, sort_keys=True, default=str).encode()) * 0x9E3779B97F4A7C15)
-
-
-def groups_fingerprint(groups: list[dict[str, Any]]) -> int:
-    """The optimizer's current hyperparameters (a scheduler moves lr on every rank
-    alike): repr, not JSON, at every detailed step (a tenth of the cost)."""
-    from syncdoctor.probe.fingerprint import to_int64
-
-    text = repr([sorted(g.items()) for g in groups])
-    return to_int64(zlib.crc32(text.encode()) * 0x9E3779B97F4A7C15)
-
-
-def group_bounds(n: int) -> list[tuple[int, int]]:
-    """[start, end) of each group of consecutive tensors: one tensor per group up to
-    TENSOR_GROUPS tensors, then TENSOR_GROUPS groups of near-equal size."""
-    groups = min(n, TENSOR_GROUPS)
-    return [(g * n // groups, (g + 1) * n // groups) for g in range(groups)]
-
-
-def tensor_groups(fps: list[int]) -> list[int]:
-    """Per-tensor fingerprints folded into group_bounds(len(fps)) groups."""
-    if len(fps) <= TENSOR_GROUPS:
-        return fps
-    from syncdoctor.probe.fingerprint import combine
-
-    return [combine(fps[a:b]) for a, b in group_bounds(len(fps))]
-
-
-def _rows(block: bytes) -> np.ndarray:
-    """A posted block as (checks x values); empty when it is not one (a foreign key)."""
-    data = np.frombuffer(block, dtype=np.int64)
-    if data.size < 2 or data[0] < 1 or data[1] < 1 or data.size != 2 + int(data[0]) * int(data[1]):
-        return np.zeros((0, 1), dtype=np.int64)
-    return data[2:].reshape(int(data[0]), int(data[1]))
-
-
-def _float_bits(value: float | None) -> int:
-    return 0 if value is None else struct.unpack("<q", struct.pack("<d", float(value)))[0]
-
-
-def _bits_float(bits: int) -> float | None:
-    return None if bits == 0 else struct.unpack("<d", struct.pack("<q", int(bits)))[0]
-
-
-def plain_row(values: list[int], rank: int) -> list[int]:
-    """A row of FIELDS only (plain data parallelism) with its class section: one
-    replicated class holding the whole-model fingerprints, and a data key of its own."""
-    at = {f: values[i] for i, f in enumerate(FIELDS)}
-    classes = [1, at["param_fp"], at["opt_fp"], at["grad_fp"]] + [0] * (N_CLASS_COLUMNS - len(CLASS_FIELDS))
-    return [*values[: len(FIELDS)], *classes, rank + 1]
-
-
-def compare(table: list[list[int]], buffers_must_match: bool) -> tuple[list[str], list[int]]:
-    """What differs across ranks in a gathered table (rows: ranks), and which ranks."""
-    what, ranks, _ = compare_groups(table, buffers_must_match)
-    return what, ranks
-
-
-def compare_groups(
-    table: list[list[int]], buffers_must_match: bool
-) -> tuple[list[str], list[int], list[dict[str, Any]]]:
-    """What differs, which ranks, and the replica groups that disagree:
-    [{"class": c, "members": [...], "odd": [...], "what": [...]}]."""
-    table = [row if len(row) >= WIDTH else plain_row(row, r) for r, row in enumerate(table)]
-    column = {f: [row[i] for row in table] for i, f in enumerate(FIELDS)}
-    fields = list(MUST_MATCH) + (["buffer_fp"] if buffers_must_match else [])
-    what: list[str] = []
-    ranks: set[int] = set()
-    for name in fields:
-        values = column[name]
-        if len(set(values)) > 1:
-            if WHAT[name] not in what:
-                what.append(WHAT[name])
-            ranks.update(majority_outliers(dict(enumerate(values))))
-    groups = []
-    for c in range(MAX_CLASSES):
-        base = len(FIELDS) + c * len(CLASS_FIELDS)
-        members_by_key: dict[int, list[int]] = {}
-        for r, row in enumerate(table):
-            if row[base]:
-                members_by_key.setdefault(row[base], []).append(r)
-        for members in members_by_key.values():
-            differing = []
-            odd: set[int] = set()
-            for offset, name in enumerate(CLASS_FIELDS[1:], 1):
-                by_rank = {r: table[r][base + offset] for r in members}
-                if len(set(by_rank.values())) > 1:
-                    differing.append(CLASS_WHAT[name])
-                    odd.update(majority_outliers(by_rank))
-            if differing:
-                groups.append({"class": c, "members": members, "odd": sorted(odd), "what": differing})
-                what.extend(w for w in differing if w not in what)
-                ranks.update(odd)
-    data_key = [row[WIDTH - 1] for row in table]
-    readers: dict[int, set[int]] = {}  # a batch -> the data keys that read it
-    for r, v in enumerate(column["data_fp"]):
-        if v:
-            readers.setdefault(v, set()).add(data_key[r])
-    duplicates = {v for v, keys in readers.items() if len(keys) > 1}
-    if duplicates:
-        what.append("data")
-        ranks.update(i for i, v in enumerate(column["data_fp"]) if v in duplicates)
-    return what, sorted(ranks), groups
-
-
-def _groups_agree(keys: np.ndarray, values: np.ndarray) -> bool:
-    """Whether, at every check, the ranks that posted the same key posted the same
-    values (keys: ranks x checks; values: ranks x checks x fields)."""
-    for n in range(keys.shape[1]):
-        seen: dict[int, bytes] = {}
-        for r in range(keys.shape[0]):
-            key = int(keys[r, n])
-            if not key:
-                continue
-            value = values[r, n].tobytes()
-            if seen.setdefault(key, value) != value:
-                return False
-    return True
 
 
 READ_EVERY_STEPS = 100  # a block holds the checks of up to this many steps: one write, one read
 MAX_BLOCK = 50  # and at most this many checks: what one read holds stays small at K = 1
 MAX_ROWS_PER_READ = 4096  # checks of all ranks one read moves, at most (each 16 + TENSOR_GROUPS int64)
-TENSOR_GROUPS = 64  # per-tensor fingerprints travel as at most this many groups of consecutive tensors
 STORE_TIMEOUT_S = 10.0  # the most one store call may take before checks stop
 VERDICT_POLL_S = 1.0  # how often a rank asks whether a reader found a mismatch
 _instances = itertools.count()  # probes created in this process, in order: the same on every rank
@@ -282,8 +139,8 @@ class CrossRankCheck:
             self.count,
             *(record.get(f) or 0 for f in FIELDS[:N_INT]),
             mode,
-            _float_bits(record.get("loss")),
-            _float_bits(record.get("grad_norm")),
+            float_bits(record.get("loss")),
+            float_bits(record.get("grad_norm")),
             *self._class_section(record),
             self._data_key(),
             *tensor_groups(self.probe.last_tensor_fps),
@@ -430,7 +287,7 @@ class CrossRankCheck:
             blocks: list[np.ndarray] = []
             if slot in self.ready_slots or self.store.check(keys):
                 self.ready_slots.add(slot)
-                blocks = [_rows(v) for v in self.store.multi_get(keys)]
+                blocks = [rows_of(v) for v in self.store.multi_get(keys)]
             missing = [
                 r
                 for r in range(self.world_size)
@@ -483,7 +340,7 @@ class CrossRankCheck:
             if (keys == keys[:1]).all():
                 if not (values == values[:1]).all():
                     return False
-            elif not _groups_agree(keys, values):
+            elif not groups_agree(keys, values):
                 return False
         data = np.sort(table[:, :, 1 + FIELDS.index("data_fp")], axis=0)
         return not ((data[1:] == data[:-1]) & (data[1:] != 0)).any()
@@ -493,8 +350,8 @@ class CrossRankCheck:
         step = table[self.rank][0]
         what, ranks, groups = compare_groups(table, self.buffers_must_match)
         detail: dict[str, Any] = {f: [row[i] for row in table] for i, f in enumerate(FIELDS[: N_INT + 1])}
-        detail["loss"] = [_bits_float(row[N_INT + 1]) for row in table]
-        detail["grad_norm"] = [_bits_float(row[N_INT + 2]) for row in table]
+        detail["loss"] = [bits_float(row[N_INT + 1]) for row in table]
+        detail["grad_norm"] = [bits_float(row[N_INT + 2]) for row in table]
         unsynced = len(set(detail["buffer_fp"])) > 1 and not self.buffers_must_match
         if not what:  # all equal: the per-rank values are in each rank's step records already
             self._write_ok(step, step, 1, unsynced)
@@ -604,7 +461,7 @@ class CrossRankCheck:
         if self.rank in (0, verdict["reader"], *ranks[:1]):
             print_verdict(message)
         if self.probe.on_mismatch in ("dump", "raise"):
-            from syncdoctor.probe.evidence import dump_evidence
+            from syncdoctor.probe.core.evidence import dump_evidence
 
             try:
                 dump_evidence(self.probe, {**verdict, "message": message}, tensor)

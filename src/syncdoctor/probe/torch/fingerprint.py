@@ -11,21 +11,15 @@ parameter bytes), and read back with one host sync for all tensors.
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import numpy as np
 import torch
 import xxhash
 
-_MASK = (1 << 64) - 1
+from syncdoctor.probe.core.fingerprint import to_int64
+
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def to_int64(value: int) -> int:
-    """An unsigned 64-bit digest as the signed int64 that JSON, polars and torch carry."""
-    value &= _MASK
-    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 _COLS = 1024
@@ -98,7 +92,7 @@ def fingerprints(
     """Per-tensor fingerprints (0 for None). Accelerator tensors are reduced on their
     device and read back together: one host sync, not one per tensor. `device_path`
     sends CPU tensors that way too (tests, on machines without an accelerator)."""
-    from syncdoctor.probe.mesh import local_shard
+    from syncdoctor.probe.torch.mesh import local_shard
 
     out: list[int] = []
     on_device: list[tuple[int, torch.Tensor]] = []
@@ -121,14 +115,6 @@ def fingerprints(
             for (index, _), value in zip(items, values, strict=True):
                 out[index] = int(value)
     return out
-
-
-def combine(values: Sequence[int]) -> int:
-    """Order-sensitive combination of per-tensor fingerprints."""
-    if not values:
-        return 0
-    # The bytes of an int64 array, without building one.
-    return to_int64(xxhash.xxh3_64_intdigest(struct.pack(f"<{len(values)}q", *values)))
 
 
 def ids_fingerprint(ids: object) -> int:

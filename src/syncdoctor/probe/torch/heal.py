@@ -67,7 +67,7 @@ from syncdoctor.records import contract
 from syncdoctor.records.compare import agreement
 
 if TYPE_CHECKING:
-    from syncdoctor.probe.check import CrossRankCheck
+    from syncdoctor.probe.torch.check import CrossRankCheck
 
 # Under "heal" a block of checks is read at least this often (steps), so that a
 # corrupted copy trains on for a few steps, not hundreds: one store write per rank
@@ -114,7 +114,7 @@ class Healer:
     def after_block(self, first: int, blocks: list[np.ndarray]) -> None:
         """A block with a mismatch was read: find an onset (a check that differs where
         the one before agreed) and decide whether it is healable."""
-        from syncdoctor.probe.check import FIELDS, WIDTH, compare
+        from syncdoctor.probe.core.compare import FIELDS, WIDTH, compare
 
         checks = min(len(rows) for rows in blocks)
         agreed_before: bool | None = None
@@ -149,7 +149,7 @@ class Healer:
     def _previous_check_agreed(self, first: int) -> bool:
         """Whether every rank agreed at check `first - 1`, the last of the previous
         block (still in the store's ring of slots)."""
-        from syncdoctor.probe.check import WIDTH, _rows, compare
+        from syncdoctor.probe.core.compare import WIDTH, compare, rows_of
 
         if first <= 1:
             return False
@@ -157,7 +157,7 @@ class Healer:
         keys = [self.checker._key(number, r) for r in range(self.world_size)]
         if not self.store.check(keys):
             return False
-        blocks = [_rows(v) for v in self.store.multi_get(keys)]
+        blocks = [rows_of(v) for v in self.store.multi_get(keys)]
         table: list[list[int]] = []
         for rows in blocks:
             at: np.ndarray | list[int] = np.flatnonzero(rows[:, 0] == first - 1) if len(rows) else []
@@ -168,7 +168,7 @@ class Healer:
         return not what
 
     def _consider(self, index: int, step: int, table: list[list[int]], what: list[str]) -> None:
-        from syncdoctor.probe.check import FIELDS
+        from syncdoctor.probe.core.compare import FIELDS
 
         bug = [w for w in what if w not in HEALABLE]
         if bug:
@@ -319,7 +319,8 @@ class Healer:
 
     def _meet_and_heal(self, plan: dict[str, Any], step: int) -> bool:
         """Meet the other ranks at `step` and heal if every one came; True if it healed."""
-        from syncdoctor.probe.fingerprint import combine, fingerprints
+        from syncdoctor.probe.core.fingerprint import combine
+        from syncdoctor.probe.torch.fingerprint import fingerprints
 
         key = f"heal/{plan['id']}"
         state_key = f"{key}/state"

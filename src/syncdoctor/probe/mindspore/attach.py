@@ -10,7 +10,7 @@ Where a step can be seen from Python, whatever the style and the mode:
   jitted function (`_JitExecutor.__call__`) -- the probe reads `global_step`; if it
   moved, a step ended. Calls nested inside another are not looked at (in GRAPH mode
   and under `@ms.jit` they are compiled and Python never sees them).
-- `Model.train` gets the callback (probe/mindspore.py) and the patches stand down.
+- `Model.train` gets the callback (probe/mindspore/probe.py) and the patches stand down.
 - `nn.Optimizer.__init__`: the optimizer is remembered and the parameters it updates
   are fingerprinted there, before any update (an unseeded init shows at step 0).
 - the dataset iterator's `__next__`: batches and samples per step (micro-steps are
@@ -41,13 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from syncdoctor.probe import safety
-from syncdoctor.probe.fingerprint_np import array_fingerprint, combine
+from syncdoctor.probe.core import safety
+from syncdoctor.probe.core.fingerprint import array_fingerprint, combine
 from syncdoctor.settings import CHECK_EVERY_ENV, DEFAULT_CHECK_EVERY, ON_MISMATCH_ENV, RUN_DIR_ENV
 
 NO_STEP_AFTER_BATCHES = 20  # batches drawn with no update seen: say the probe could not attach
 FIX_LINE = (
-    "add `probe = syncdoctor.probe.mindspore.MindSporeProbe(net, optimizer)` after building the "
+    "add `probe = syncdoctor.probe.mindspore.probe.MindSporeProbe(net, optimizer)` after building the "
     "optimizer and `probe.after_step(loss=loss)` after each update"
 )
 
@@ -262,7 +262,7 @@ def _roots_owning(param: Any) -> list[Any]:
 
 
 def _start(opt: Any, kind: str | None, call: Any) -> None:
-    from syncdoctor.probe.mindspore import MindSporeProbe, _find_loss
+    from syncdoctor.probe.mindspore.probe import MindSporeProbe, _find_loss
 
     W.optimizer = opt
     W.last_global = 0
@@ -378,13 +378,13 @@ def _record(opt: Any, kind: str | None, now: int | None, call: Any, overflow: bo
     W.grads = W.grads_local = None
     scale = rep.get("loss_scale")
     if scale is None and call is not None and hasattr(call[0], "scale_sense"):  # TrainOneStepWithLossScaleCell
-        from syncdoctor.probe.mindspore import scaled_step_outputs
+        from syncdoctor.probe.mindspore.probe import scaled_step_outputs
 
         scaled = scaled_step_outputs(call[2])
         if scaled[1] is not None or scaled[0] is not None:
             overflow, scale = scaled
     if scale is None and W.scaler is not None and W.scaler() is not None:
-        from syncdoctor.probe.mindspore import _float
+        from syncdoctor.probe.mindspore.probe import _float
 
         scale = _float(W.scaler().scale_value)
     ids = rep.get("ids")
@@ -566,7 +566,7 @@ def _saw_scaler(scaler: Any, _: Any = None) -> None:
 
 def _model_train(original: Any) -> Any:
     """Model.train with the recording callback added (unless the script added it)."""
-    from syncdoctor.probe import mindspore as msprobe
+    from syncdoctor.probe.mindspore import probe as msprobe
 
     def train(self: Any, epoch: int, train_dataset: Any, callbacks: Any = None, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -603,7 +603,7 @@ def install() -> bool:
     _patch(_class_in("mindspore.graph.api", "_JitExecutor"), "__call__", _outer_call("jit"))
     _patch(nn.Optimizer, "__init__", _then(_saw_optimizer))
     _patch(_class_in("mindspore.dataset.engine.iterators", "Iterator"), "__next__", _then(_saw_batch))
-    from syncdoctor.probe import boot
+    from syncdoctor.probe.run import boot
 
     # mindspore.amp is imported after mindspore.train by the package: patch it when it is.
     boot.when_imported(

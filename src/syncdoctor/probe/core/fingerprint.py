@@ -1,6 +1,6 @@
 """Exact fingerprints of numpy arrays, for probes that cannot import torch (MindSpore).
 
-Same digest as probe/fingerprint.py gives a CPU torch tensor: xxh3-64 over the raw
+Same digest as probe/torch/fingerprint.py gives a CPU torch tensor: xxh3-64 over the raw
 bytes, as a signed int64, so that a 1-ULP change, two swapped elements or two swapped
 tensors all change it. `combine` and `ids_fingerprint` match that module too, so the
 same bytes give the same number whichever framework wrote the record.
@@ -8,6 +8,7 @@ same bytes give the same number whichever framework wrote the record.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -17,7 +18,7 @@ _MASK = (1 << 64) - 1
 
 
 def to_int64(value: int) -> int:
-    """An unsigned 64-bit digest as the signed int64 that JSON and polars carry."""
+    """An unsigned 64-bit digest as the signed int64 that JSON, polars and torch carry."""
     value &= _MASK
     return value - (1 << 64) if value >= 1 << 63 else value
 
@@ -38,7 +39,8 @@ def combine(values: Sequence[int]) -> int:
     """Order-sensitive combination of per-tensor fingerprints."""
     if not values:
         return 0
-    return to_int64(xxhash.xxh3_64_intdigest(np.asarray(values, dtype=np.int64).tobytes()))
+    # The bytes of an int64 array, without building one.
+    return to_int64(xxhash.xxh3_64_intdigest(struct.pack(f"<{len(values)}q", *values)))
 
 
 def ids_fingerprint(ids: object) -> int:

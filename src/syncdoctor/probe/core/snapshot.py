@@ -1,5 +1,5 @@
 """The framework-free part of the start-of-run snapshot, shared by the torch probe
-(probe/snapshot.py) and the MindSpore probe (probe/mindspore.py): what must be equal
+(probe/torch/snapshot.py) and the MindSpore probe (probe/mindspore/probe.py): what must be equal
 on every rank before step 1. Each probe passes what only its framework can read
 (versions, its RNG and seeds, loss, optimizer, parallel and loader settings); the
 rest is read here, once, with the same fixes for both."""

@@ -6,7 +6,7 @@ the script shells out to), so it imports neither torch nor numpy: it only
 - tees this process's stdout and stderr into RUN_DIR/logs/rank{R}.log once the
   process is known to be a rank, and
 - installs a meta-path finder that applies the framework patches right after
-  `torch` (or MindSpore's `Model`) finishes importing (syncdoctor.probe.auto).
+  `torch` (or MindSpore's `Model`) finishes importing (syncdoctor.probe.torch.attach).
 
 The tee is a separate small process, not a thread: it keeps draining the pipe after
 the rank dies, so the last lines before a crash, an abort or a SIGKILL still reach
@@ -228,14 +228,14 @@ def note_process(kind: str) -> None:
 
 
 def _install_torch() -> None:
-    from syncdoctor.probe import auto
+    from syncdoctor.probe.torch import attach as auto
 
     note_process("torch")
     auto.install()
 
 
 def _install_mindspore() -> None:
-    from syncdoctor.probe import mindspore
+    from syncdoctor.probe.mindspore import probe as mindspore
 
     note_process("mindspore")
     mindspore.install_autoattach()  # reads the run folder and K from the environment

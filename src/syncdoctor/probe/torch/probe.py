@@ -32,14 +32,17 @@ import torch
 import torch.distributed as dist
 
 from syncdoctor import settings
-from syncdoctor.probe import precision, safety, variants
-from syncdoctor.probe.canary import Canary, CanaryUnavailable
-from syncdoctor.probe.check import CrossRankCheck, config_fingerprint, groups_fingerprint
-from syncdoctor.probe.evidence import LAST_LOSSES
-from syncdoctor.probe.fingerprint import ViewCache, combine, fingerprints, ids_fingerprint
-from syncdoctor.probe.hooks import ForwardWatch, GradWatch, StepWatch
-from syncdoctor.probe.mesh import layout_of, local_shard
-from syncdoctor.probe.snapshot import build_snapshot
+from syncdoctor.experiment import inrank as variants
+from syncdoctor.probe.core import precision, safety
+from syncdoctor.probe.core.compare import config_fingerprint, groups_fingerprint
+from syncdoctor.probe.core.evidence import LAST_LOSSES
+from syncdoctor.probe.core.fingerprint import combine
+from syncdoctor.probe.torch.canary import Canary, CanaryUnavailable
+from syncdoctor.probe.torch.check import CrossRankCheck
+from syncdoctor.probe.torch.fingerprint import ViewCache, fingerprints, ids_fingerprint
+from syncdoctor.probe.torch.hooks import ForwardWatch, GradWatch, StepWatch
+from syncdoctor.probe.torch.mesh import layout_of, local_shard
+from syncdoctor.probe.torch.snapshot import build_snapshot
 from syncdoctor.records import contract
 from syncdoctor.records.constants import MAX_IDS, SCHEMA_VERSION
 from syncdoctor.records.writer import RecordWriter
@@ -109,7 +112,7 @@ class Probe:
         self.module: torch.nn.Module = model.module if isinstance(model, _ddp_class()) else model
         # The DDP wrapper that calls the module, also where the user attached the inner
         # module (a Trainer callback is handed the unwrapped model): the forward watch
-        # runs at its call, with no global hook (probe/hooks.py).
+        # runs at its call, with no global hook (probe/torch/hooks.py).
         self._wrapper = model if model is not self.module else _ddp_holding(self.module)
         # What DDP's reducer averages: the parameters that required a gradient when the
         # wrapper was built (it is built then, once), less the ones it was told to ignore.
@@ -303,7 +306,7 @@ class Probe:
     def _arm_forward(self) -> None:
         """The forward watch (buffers, the input's fingerprint) is in place only in
         measured iterations: with nothing watched, every module keeps torch's fast call
-        path. It hangs nothing on the module (probe/hooks.py): a copy or a pickle of the
+        path. It hangs nothing on the module (probe/torch/hooks.py): a copy or a pickle of the
         user's module never reaches the probe."""
         wanted = self._measuring
         if wanted and self._forward_handle is None:
@@ -589,7 +592,7 @@ class Probe:
         that ended well: parameters and hyperparameters as the last step left them
         (modes, buffers and gradients are not compared: code after training may change
         them on one rank by design). Every rank takes part or none does; none does where
-        some rank's parameters changed after its last step (probe/check.py)."""
+        some rank's parameters changed after its last step (probe/torch/check.py)."""
         checker = self.checker
         if checker is None or checker.stopped:
             return
@@ -617,7 +620,7 @@ class Probe:
         checker.submit(record)
 
     def _run_canary(self, record: dict[str, Any]) -> None:
-        """The canary forward (probe/canary.py) into `record`; off for the run, with one
+        """The canary forward (probe/torch/canary.py) into `record`; off for the run, with one
         event saying why, when it cannot run here."""
         try:
             if self.layout is not None and self.layout.sharded:
@@ -725,7 +728,7 @@ class Probe:
         return tensors, owner
 
     def _per_class(self, fps: list[int]) -> list[int] | None:
-        """Per-tensor fingerprints folded per placement class (probe/mesh.py); None
+        """Per-tensor fingerprints folded per placement class (probe/torch/mesh.py); None
         under plain data parallelism, where the whole-model fingerprint is the class."""
         layout = self.layout
         if layout is None or not layout.sharded:
@@ -785,7 +788,7 @@ def _model_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor 
 
 
 def fp16_exact(grads: list[torch.Tensor]) -> bool | None:
-    """Whether the gradients hold float16 values (probe/precision.py)."""
+    """Whether the gradients hold float16 values (probe/core/precision.py)."""
     return precision.fp16_exact(
         grads, lambda g: str(g.dtype).removeprefix("torch."), lambda g, n: g.detach().reshape(-1)[:n].cpu().numpy()
     )

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from syncdoctor import settings
-from syncdoctor.probe import safety
+from syncdoctor.probe.core import safety
 
 SEED = 20_261_130  # the one constant every rank's random generators start from
 AGREE_WAIT_S = 60.0  # the most a rank waits for the others at a point they all reach
@@ -125,14 +125,14 @@ def _safe(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _is_helper() -> bool:
-    from syncdoctor.probe import boot
+    from syncdoctor.probe.run import boot
 
     return boot.is_helper()
 
 
 # ---------------------------------------------------------------------- install
 def install_torch() -> None:
-    """Called once torch is imported in a process of `syncdoctor run` (probe/auto.py)."""
+    """Called once torch is imported in a process of `syncdoctor run` (probe/torch/attach.py)."""
     global _status
     name = os.environ.get(settings.VARIANT_ENV, "").strip()
     if not name or _status is not None:
@@ -161,7 +161,7 @@ def install_torch() -> None:
 
 def _write_event(optimizer: Any) -> None:
     """The end of the first optimizer step of a watched optimizer: write the record."""
-    from syncdoctor.probe import core
+    from syncdoctor.probe.torch import probe as core
     from syncdoctor.records import contract
 
     if _status is None or _status.written:
@@ -200,14 +200,14 @@ def _store() -> Any:
     if _state["store"] is None:
         import torch.distributed as dist
 
-        from syncdoctor.probe.check import job_store
+        from syncdoctor.probe.torch.check import job_store
 
         _state["store"] = dist.PrefixStore("syncdoctor/variant", job_store(STORE_CALL_S))
     return _state["store"]
 
 
 def _wait_s() -> float:
-    from syncdoctor.probe import auto
+    from syncdoctor.probe.torch import attach as auto
 
     timeout = auto._state.get("pg_timeout_s")
     return min(AGREE_WAIT_S, float(timeout)) if timeout else AGREE_WAIT_S
@@ -335,7 +335,7 @@ def _install_seeds() -> None:
     if "numpy" in sys.modules:
         _install_numpy_seeds()
     else:
-        from syncdoctor.probe import boot
+        from syncdoctor.probe.run import boot
 
         boot.when_imported("numpy", lambda: _safe(_install_numpy_seeds))
     _status.ok(f"random, numpy and torch seeded with {SEED} at start")
@@ -657,7 +657,7 @@ def _modes_first(module: Any) -> None:
 
     reapply(module, ())
     # A global hook, not one on the module: a copy or a pickle of the user's module
-    # must not carry this closure along (probe/hooks.py).
+    # must not carry this closure along (probe/torch/hooks.py).
     from torch.nn.modules.module import register_module_forward_pre_hook
 
     register_module_forward_pre_hook(reapply)

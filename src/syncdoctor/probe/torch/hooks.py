@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from syncdoctor.probe.safety import safe
+from syncdoctor.probe.core.safety import safe
 
 PreHook = Callable[[Any, tuple[Any, ...]], None]  # (module, args) at forward start
 PostHook = Callable[[Any, tuple[Any, ...], dict[str, Any], Any], None]  # (module, args, kwargs, output)
