@@ -25,6 +25,10 @@ VALIDATE_RECORDS_ENV = "SYNCDOCTOR_VALIDATE_RECORDS"
 # experiment/inrank.py applies it). VARIANT_WORLD_ENV: the world size of the run the variant is
 # compared with (the single-rank baseline scales its per-rank batch to the same global batch).
 VARIANT_ENV = "SYNCDOCTOR_VARIANT"
+# Modules the boot of every rank process imports before the probe attaches (comma-separated
+# dotted names): parts that act at the probe's hook points (probe/core/hook_points.py) without the
+# probe importing them. The experiment names its in-rank module here.
+PLUGINS_ENV = "SYNCDOCTOR_PLUGINS"
 VARIANT_WORLD_ENV = "SYNCDOCTOR_VARIANT_WORLD"
 # The single-rank baseline's learning rate at its first step: the compared run's (a script
 # that scales its lr with the world size would otherwise run one card at another recipe).

@@ -177,7 +177,7 @@ def _syncdoctor_run(out: Path, command: list[str], variant: str, check_every: in
     """`syncdoctor run` of ``command`` with the variant set ("" for none); returns its
     stderr. Asserts that it succeeded and that no process is left."""
     env = {k: v for k, v in os.environ.items() if k not in (VARIANT_ENV, "RANK", "WORLD_SIZE")}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", **({VARIANT_ENV: variant} if variant else {}))
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", **(variants.environment(variant) if variant else {}))
     proc = subprocess.run(
         [*SYNCDOCTOR, "run", "--check-every", str(check_every), "--out", str(out), "--", *command],
         env=env,

@@ -15,7 +15,8 @@ from typing import Any
 
 from syncdoctor.cli import at_least, did_you_mean
 from syncdoctor.errors import InputError
-from syncdoctor.settings import VARIANT_ENV, VARIANT_LR_ENV, VARIANT_WORLD_ENV, VARIANTS
+from syncdoctor.experiment import inrank
+from syncdoctor.settings import VARIANT_LR_ENV, VARIANT_WORLD_ENV, VARIANTS
 
 SCHEMA = "syncdoctor.experiment/1"
 DEFAULT_STEPS = 200
@@ -124,7 +125,7 @@ def run_experiment(
     single = single_rank(command)
     world = control.world_size or single.world_size
     for name in variants:
-        env = {VARIANT_ENV: name}
+        env = inrank.environment(name)
         if world:
             env[VARIANT_WORLD_ENV] = str(world)
         if name == "single":

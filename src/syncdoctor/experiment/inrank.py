@@ -48,7 +48,8 @@ from collections.abc import Callable
 from typing import Any
 
 from syncdoctor import settings
-from syncdoctor.probe.core import safety
+from syncdoctor.probe.core import hook_points, safety
+from syncdoctor.probe.core.state import STATE
 
 SEED = 20_261_130  # the one constant every rank's random generators start from
 AGREE_WAIT_S = 60.0  # the most a rank waits for the others at a point they all reach
@@ -56,6 +57,7 @@ AGREE_MARGIN_S = 10.0  # non-zero ranks wait this much longer than rank 0 before
 POLL_S = 0.005
 STORE_CALL_S = 10.0  # the most one store call may take
 MAX_NOTES = 8
+VARIANT_MARK = "_syncdoctor_variant"  # on each function a variant put in place (the probe has its own mark)
 
 
 class _Status:
@@ -119,9 +121,8 @@ def _variant_failed(exc: BaseException) -> None:
         _status.fail(f"{type(exc).__name__}: {exc}"[:300])
 
 
-def _safe(fn: Callable[..., Any], *args: Any) -> Any:
-    """A variant must never change what the program does beyond itself: a failure marks it failed."""
-    return safety.safe(fn, *args, on_error=_variant_failed)
+# A variant must never change what the program does beyond itself: a failure marks it failed.
+_safe = safety.guard(on_error=_variant_failed)
 
 
 def _is_helper() -> bool:
@@ -161,12 +162,11 @@ def install_torch() -> None:
 
 def _write_event(optimizer: Any) -> None:
     """The end of the first optimizer step of a watched optimizer: write the record."""
-    from syncdoctor.probe.torch import probe as core
     from syncdoctor.records import contract
 
     if _status is None or _status.written:
         return
-    probe = next((p for p in core._active if p.optimizer is optimizer), None)
+    probe = next((p for p in STATE.probes if p.optimizer is optimizer), None)
     if probe is None:
         return
     _status.written = True
@@ -207,9 +207,7 @@ def _store() -> Any:
 
 
 def _wait_s() -> float:
-    from syncdoctor.probe.torch import attach as auto
-
-    timeout = auto._state.get("pg_timeout_s")
+    timeout = STATE.pg_timeout_s
     return min(AGREE_WAIT_S, float(timeout)) if timeout else AGREE_WAIT_S
 
 
@@ -293,10 +291,7 @@ def _has_signature(fn: Callable[..., Any]) -> bool:
 
 
 def _replace(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    original = getattr(owner, name, None)
-    if original is None or getattr(original, "_syncdoctor_variant", False):
-        return
-    setattr(owner, name, make(original))
+    safety.patch_once(owner, name, make, mark=VARIANT_MARK)
 
 
 def _install_seeds() -> None:
@@ -374,7 +369,7 @@ def _install_numpy_seeds() -> None:
 
     _replace(np.random, "default_rng", make_default_rng)
     base = np.random.RandomState
-    if not getattr(base, "_syncdoctor_variant", False):
+    if not getattr(base, VARIANT_MARK, False):
 
         class RandomState(base):  # type: ignore[misc, valid-type]
             """numpy's RandomState whose seed (None included) is the rank-independent one."""
@@ -673,7 +668,7 @@ def _patch_loader() -> None:
     from torch.utils.data import DataLoader
 
     original = DataLoader.__init__
-    if getattr(original, "_syncdoctor_variant", False):
+    if getattr(original, VARIANT_MARK, False):
         return
     signature = inspect.signature(original)
 
@@ -835,3 +830,16 @@ def _install_single_lr() -> None:
 
     register_optimizer_step_pre_hook(lambda opt, args, kwargs: _safe(scale, opt, True))
     register_optimizer_step_post_hook(lambda opt, args, kwargs: _safe(scale, opt, False))
+
+
+def environment(name: str) -> dict[str, str]:
+    """What a rank process needs in its environment to run under variant `name`: the
+    variant, and this module among the boot's plugins (it registers below)."""
+    return {settings.VARIANT_ENV: name, settings.PLUGINS_ENV: __name__}
+
+
+# Imported by the boot of a rank process (settings.PLUGINS_ENV): act at the probe's hook points.
+hook_points.register(hook_points.TORCH_PATCHED, install_torch)
+hook_points.register(hook_points.BEFORE_DDP, before_ddp)
+hook_points.register(hook_points.BEFORE_WATCH, before_watch)
+hook_points.register(hook_points.BEFORE_SNAPSHOT, before_snapshot)

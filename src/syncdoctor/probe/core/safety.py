@@ -9,6 +9,7 @@ the error is said once on stderr.
 
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 from collections.abc import Callable
@@ -43,6 +44,37 @@ def safe(fn: Callable[..., Any], *args: Any, on_error: Callable[[BaseException],
         except Exception:
             pass
         return None
+
+
+def guard(on_error: Callable[[BaseException], Any]) -> Callable[..., Any]:
+    """`safe` with one policy bound: each part that patches a user's process makes its
+    own fence once (`_safe = guard(on_error=...)`) instead of a wrapper of its own."""
+
+    def fenced(fn: Callable[..., Any], *args: Any) -> Any:
+        return safe(fn, *args, on_error=on_error)
+
+    return fenced
+
+
+PROBE_MARK = "_syncdoctor"  # set on every function the probe put in place of an original
+
+
+def patch_once(
+    owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]], mark: str = PROBE_MARK
+) -> bool:
+    """Replace `owner.name` by `make(original)`, once: a second install (a second import
+    hook firing, a module imported twice) finds the stand-in marked and leaves it. The
+    stand-in carries the original's name and docstring and `__wrapped__`, so tools that
+    look at the function (inspect, pickle by reference, help) see the original. Each
+    patching part has its own `mark`: the probe's stand-in and an experiment variant's
+    can be stacked on the same attribute. False where there is nothing to patch."""
+    original = getattr(owner, name, None) if owner is not None else None
+    if original is None or getattr(original, mark, False):
+        return False
+    stand_in = functools.wraps(original)(make(original))
+    setattr(stand_in, mark, True)
+    setattr(owner, name, stand_in)
+    return True
 
 
 def stand_down(exc: BaseException, probes: list[Any]) -> None:

@@ -47,7 +47,7 @@ from syncdoctor.settings import CHECK_EVERY_ENV, DEFAULT_CHECK_EVERY, ON_MISMATC
 
 NO_STEP_AFTER_BATCHES = 20  # batches drawn with no update seen: say the probe could not attach
 FIX_LINE = (
-    "add `probe = syncdoctor.probe.mindspore.probe.MindSporeProbe(net, optimizer)` after building the "
+    "add `probe = syncdoctor.probe.mindspore.MindSporeProbe(net, optimizer)` after building the "
     "optimizer and `probe.after_step(loss=loss)` after each update"
 )
 
@@ -58,8 +58,7 @@ def _stand_down(exc: BaseException) -> None:
     safety.stand_down(exc, [W.probe] if W.probe is not None else [])
 
 
-def _safe(fn: Any, *args: Any) -> Any:
-    return safety.safe(fn, *args, on_error=_stand_down)
+_safe = safety.guard(on_error=_stand_down)
 
 
 def _scalar(value: Any) -> Any:
@@ -434,18 +433,6 @@ def _class_in(module: str, name: str) -> Any:
         return None
 
 
-def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-    """Replace `owner.name` by `make(original)`, once: a second install (or a second
-    import hook firing) finds the wrapper marked and leaves it."""
-    original = getattr(owner, name, None) if owner is not None else None
-    if original is None or getattr(original, "_syncdoctor", False):
-        return
-    wrapper = make(original)
-    wrapper._syncdoctor = True
-    wrapper.__wrapped__ = original
-    setattr(owner, name, wrapper)
-
-
 def _then(hook: Callable[[Any, Any], None]) -> Callable[[Any], Any]:
     """A wrapper maker: the original runs, then `hook(self, its result)` under `_safe`."""
 
@@ -598,17 +585,19 @@ def install() -> bool:
         return True
     from mindspore import nn
 
-    _patch(_class_in("mindspore.train.model", "Model"), "train", _model_train)
-    _patch(nn.Cell, "__call__", _outer_call("cell", _cell_call_watcher(nn)))
-    _patch(_class_in("mindspore.graph.api", "_JitExecutor"), "__call__", _outer_call("jit"))
-    _patch(nn.Optimizer, "__init__", _then(_saw_optimizer))
-    _patch(_class_in("mindspore.dataset.engine.iterators", "Iterator"), "__next__", _then(_saw_batch))
+    safety.patch_once(_class_in("mindspore.train.model", "Model"), "train", _model_train)
+    safety.patch_once(nn.Cell, "__call__", _outer_call("cell", _cell_call_watcher(nn)))
+    safety.patch_once(_class_in("mindspore.graph.api", "_JitExecutor"), "__call__", _outer_call("jit"))
+    safety.patch_once(nn.Optimizer, "__init__", _then(_saw_optimizer))
+    safety.patch_once(_class_in("mindspore.dataset.engine.iterators", "Iterator"), "__next__", _then(_saw_batch))
     from syncdoctor.probe.run import boot
 
     # mindspore.amp is imported after mindspore.train by the package: patch it when it is.
     boot.when_imported(
         "mindspore.amp",
-        lambda: _safe(_patch, _class_in("mindspore.amp", "DynamicLossScaler"), "__init__", _then(_saw_scaler)),
+        lambda: _safe(
+            safety.patch_once, _class_in("mindspore.amp", "DynamicLossScaler"), "__init__", _then(_saw_scaler)
+        ),
     )
     W.installed = True
     atexit.register(lambda: _safe(_no_step_yet, True))

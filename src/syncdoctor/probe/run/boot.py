@@ -25,11 +25,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from syncdoctor.probe.core.state import STATE
 from syncdoctor.settings import (  # the names cli.py and the lab set through boot
     AUTO_ENV,
     CHECK_EVERY_ENV,
     DISABLE_ENV,
     ON_MISMATCH_ENV,
+    PLUGINS_ENV,
     RANK_PID_ENV,
     RUN_DIR_ENV,
 )
@@ -131,7 +133,6 @@ def _flush_std() -> None:
 
 
 _tee = _Tee()
-_state: dict[str, Any] = {"rank": None}
 
 
 def run_dir() -> str | None:
@@ -142,9 +143,9 @@ def become_rank(rank: int) -> None:
     """Called when this process is known to be rank `rank` (at start-up from the
     launcher's RANK, or at init_process_group): tee its output to its rank log."""
     folder = run_dir()
-    if not folder or os.environ.get(AUTO_ENV) != "1" or _state["rank"] == rank:
+    if not folder or os.environ.get(AUTO_ENV) != "1" or STATE.rank == rank:
         return
-    _state["rank"] = rank
+    STATE.rank = rank
     os.environ[RANK_PID_ENV] = str(os.getpid())  # children of a rank are helpers, not ranks
     try:
         _tee.start(os.path.join(folder, "logs", f"rank{rank}.log"))
@@ -248,6 +249,18 @@ def when_imported(module: str, callback: Callable[[], object]) -> None:
         sys.meta_path.insert(0, _AfterImport(module, callback))
 
 
+def _load_plugins() -> None:
+    """The modules named in PLUGINS_ENV register on the probe's hook points as they are
+    imported. One that cannot be imported is said once; the run goes on without it."""
+    import importlib
+
+    for name in filter(None, (n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(","))):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            print(f"syncdoctor: plugin {name} not loaded: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
+
 def install() -> None:
     """Entry point of the generated sitecustomize."""
     if not run_dir() or os.environ.get(DISABLE_ENV):
@@ -256,5 +269,6 @@ def install() -> None:
     if rank is not None:
         become_rank(rank)
     atexit.register(_tee.stop)  # registered first, so it runs after the probe's own atexit close
+    _load_plugins()
     when_imported("torch", _install_torch)
     when_imported("mindspore.train.model", _install_mindspore)

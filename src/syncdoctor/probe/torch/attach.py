@@ -20,7 +20,6 @@ results, the same exceptions and the same exit code.
 from __future__ import annotations
 
 import atexit
-import functools
 import gc
 import inspect
 import os
@@ -31,30 +30,28 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from syncdoctor.experiment import inrank as variants
-from syncdoctor.probe.core import safety
+from syncdoctor.probe.core import hook_points, safety
+from syncdoctor.probe.core.state import STATE
 from syncdoctor.probe.run import boot
 from syncdoctor.probe.torch import hooks
 from syncdoctor.probe.torch import probe as core
 
 MAX_TRACKED = 16  # loaders / loss modules remembered for the snapshot
-_state: dict[str, Any] = {"installed": False, "pg_timeout_s": None, "backward_calls": 0, "pending_losses": []}
 _loaders: list[weakref.ref[Any]] = []
 _loss_modules: list[weakref.ref[Any]] = []
 
 
 def _stand_down(exc: BaseException) -> None:
     """A patch failed: the probe stands down on this rank; the patches call the originals only."""
-    _state["stood_down"] = True
-    safety.stand_down(exc, list(core._active))
+    STATE.stood_down = True
+    safety.stand_down(exc, list(STATE.probes))
 
 
-def _safe(fn: Callable[..., Any], *args: Any) -> Any:
-    return safety.safe(fn, *args, on_error=_stand_down)
+_safe = safety.guard(on_error=_stand_down)
 
 
 def _is_rank() -> bool:
-    if boot.is_helper() or _state.get("stood_down"):
+    if boot.is_helper() or STATE.stood_down:
         return False
     return (dist.is_available() and dist.is_initialized()) or boot.launcher_rank() is not None
 
@@ -64,7 +61,7 @@ def _probe_kwargs() -> dict[str, Any]:
     folder = boot.run_dir() or core.DEFAULT_RUN_DIR
     return {
         "run_dir": folder,
-        "check_timeout_s": _state["pg_timeout_s"],
+        "check_timeout_s": STATE.pg_timeout_s,
         "auto": True,
         "log_path": os.path.join(folder, "logs", f"rank{rank}.log"),
     }
@@ -72,11 +69,12 @@ def _probe_kwargs() -> dict[str, Any]:
 
 def _new_probe(model: torch.nn.Module, **kwargs: Any) -> core.Probe:
     probe = core.Probe(model, None, **_probe_kwargs(), **kwargs)
-    for loss in _state["pending_losses"]:
+    for loss in STATE.pending_losses:
         probe.on_backward_call(loss)
-    _state["pending_losses"] = []
-    if _state.get("pending_scale") is not None:  # read by the scaler before this first step
-        probe.scale(_state.pop("pending_scale"))
+    STATE.pending_losses = []
+    if STATE.pending_scale is not None:  # read by the scaler before this first step
+        probe.scale(STATE.pending_scale)
+        STATE.pending_scale = None
     return probe
 
 
@@ -87,12 +85,12 @@ def _after_init(args: tuple[Any, ...], kwargs: dict[str, Any], original: Callabl
     if timeout is None:
         backend = bound.get("backend") or dist.get_backend()
         timeout = dist.distributed_c10d._get_default_timeout(backend)
-    _state["pg_timeout_s"] = float(timeout.total_seconds())
+    STATE.pg_timeout_s = float(timeout.total_seconds())
     boot.become_rank(dist.get_rank())
 
 
 def _close_all(status: str = "ok", message: str = "") -> None:
-    for probe in list(core._active):
+    for probe in list(STATE.probes):
         probe.close(status, message)
 
 
@@ -176,7 +174,7 @@ def _probe_before_first_backward(loss: torch.Tensor) -> bool:
     the first iteration is measured in full (its local gradients before the
     hand-written all-reduce, the parameters before any update). The optimizer is
     bound at its first step."""
-    _state["early_tried"] = True
+    STATE.early_tried = True
     wanted = _graph_parameters(loss)
     module = _module_holding(wanted) if wanted else None
     if module is None or any(hasattr(m, "_get_fsdp_state") for m in module.modules()):
@@ -186,7 +184,7 @@ def _probe_before_first_backward(loss: torch.Tensor) -> bool:
         return False
     probe = _new_probe(module)
     probe.created_at_backward = True  # type: ignore[attr-defined]
-    probe.backward = _state["backward_calls"] - 1  # this backward is counted by the probe's own hook
+    probe.backward = STATE.backward_calls - 1  # this backward is counted by the probe's own hook
     probe.on_backward_call(loss)
     return True
 
@@ -197,8 +195,8 @@ def _discard(probe: core.Probe) -> None:
     probe.remove_hooks()
     probe.closed = True
     probe.writer.close()
-    if probe in core._active:
-        core._active.remove(probe)
+    if probe in STATE.probes:
+        STATE.probes.remove(probe)
     atexit.unregister(probe._close_at_exit)
 
 
@@ -224,19 +222,19 @@ def _bind(probe: core.Probe, optimizer: torch.optim.Optimizer) -> None:
 
 def _probe_for_optimizer(optimizer: torch.optim.Optimizer, create: bool) -> tuple[core.Probe | None, bool]:
     """(probe, bound_now): the probe recording this optimizer, binding or creating one."""
-    for probe in core._active:
+    for probe in STATE.probes:
         if probe.optimizer is optimizer:
             return probe, False
-    for probe in core._active:
+    for probe in STATE.probes:
         if probe.optimizer is None and probe.owns(optimizer):
             _bind(probe, optimizer)
             return probe, True
-    if not create or any(p.owns(optimizer) for p in core._active) or not _is_rank():
+    if not create or any(p.owns(optimizer) for p in STATE.probes) or not _is_rank():
         return None, False  # a second optimizer of a watched model, or not a rank
-    for probe in [p for p in core._active if p.optimizer is None and getattr(p, "created_at_backward", False)]:
+    for probe in [p for p in STATE.probes if p.optimizer is None and getattr(p, "created_at_backward", False)]:
         _discard(probe)
     probe = _new_probe(_find_module(optimizer))
-    probe.backward = _state["backward_calls"]  # the backward passes before this first step
+    probe.backward = STATE.backward_calls  # the backward passes before this first step
     _bind(probe, optimizer)
     return probe, True
 
@@ -257,15 +255,15 @@ def _on_any_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> No
 
 # ---------------------------------------------------------------------- loss and AMP
 def _capture_loss(loss: torch.Tensor) -> None:
-    _state["backward_calls"] += 1
-    first = not core._active and not _state.get("early_tried") and _state["installed"]
+    STATE.backward_calls += 1
+    first = not STATE.probes and not STATE.early_tried and STATE.installed
     if first and loss.grad_fn is not None and _is_rank() and _probe_before_first_backward(loss):
         return
-    if core._active:
-        for probe in core._active:
+    if STATE.probes:
+        for probe in STATE.probes:
             probe.on_backward_call(loss)
-    elif _is_rank() and len(_state["pending_losses"]) < 64:
-        _state["pending_losses"].append(loss.detach())
+    elif _is_rank() and len(STATE.pending_losses) < 64:
+        STATE.pending_losses.append(loss.detach())
 
 
 def _scaler_before(scaler: Any, optimizer: torch.optim.Optimizer) -> core.Probe | None:
@@ -275,7 +273,7 @@ def _scaler_before(scaler: Any, optimizer: torch.optim.Optimizer) -> core.Probe 
         if probe is not None:
             probe.scale(scale)
         elif _is_rank():  # a hand-written loop: the probe is created at this optimizer's first step
-            _state["pending_scale"] = scale
+            STATE.pending_scale = scale
     return probe
 
 
@@ -285,15 +283,6 @@ def _scaler_after(probe: core.Probe, optimizer_state: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------- install
-def _wrap(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    original = getattr(owner, name)
-    if getattr(original, "_syncdoctor", False):
-        return
-    patched = functools.wraps(original)(make(original))
-    patched._syncdoctor = True  # type: ignore[attr-defined]
-    setattr(owner, name, patched)
-
-
 def _remember(refs: list[weakref.ref[Any]]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -319,7 +308,7 @@ def capture_backward_losses() -> None:
     """Record the scalar each backward() receives as the loss of the active probes:
     zero-code mode, and integrations for frameworks that compute the loss out of the
     user's sight (the Hugging Face Trainer). Installed once; idempotent."""
-    _wrap(torch.autograd, "backward", _make_backward)
+    safety.patch_once(torch.autograd, "backward", _make_backward)
 
 
 def _make_scaler_step(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -340,13 +329,13 @@ def observe_losses() -> None:
     from torch.amp.grad_scaler import GradScaler
 
     capture_backward_losses()
-    _wrap(GradScaler, "_maybe_opt_step", _make_scaler_step)
+    safety.patch_once(GradScaler, "_maybe_opt_step", _make_scaler_step)
 
 
 def install() -> None:
-    if _state["installed"] or not dist.is_available():
+    if STATE.installed or not dist.is_available():
         return
-    _state["installed"] = True
+    STATE.installed = True
     from torch.nn.modules.loss import _Loss
     from torch.nn.parallel import DistributedDataParallel
     from torch.optim.optimizer import (
@@ -374,20 +363,22 @@ def install() -> None:
     def make_ddp_init(original: Callable[..., Any]) -> Callable[..., Any]:
         def __init__(self: Any, module: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
             if _is_rank():
-                _safe(variants.before_ddp, module)  # `syncdoctor experiment`'s broadcast variant: before DDP's own
+                # `syncdoctor experiment`'s broadcast variant acts here: before DDP's own broadcast.
+                _safe(hook_points.call, hook_points.BEFORE_DDP, module)
             pre = _safe(_local_fp, module) if _is_rank() else None
             safety.call_for_caller(original, self, module, *args, **kwargs)
             _safe(_attach_ddp, self, pre)
 
         return __init__
 
-    _wrap(dist, "init_process_group", make_init)
-    _wrap(dist, "destroy_process_group", make_destroy)
-    _wrap(DistributedDataParallel, "__init__", make_ddp_init)
+    safety.patch_once(dist, "init_process_group", make_init)
+    safety.patch_once(dist, "destroy_process_group", make_destroy)
+    safety.patch_once(DistributedDataParallel, "__init__", make_ddp_init)
     observe_losses()
-    _wrap(DataLoader, "__init__", _remember(_loaders))
-    _wrap(_Loss, "__init__", _remember(_loss_modules))
+    safety.patch_once(DataLoader, "__init__", _remember(_loaders))
+    safety.patch_once(_Loss, "__init__", _remember(_loss_modules))
     register_optimizer_step_pre_hook(lambda *a: _safe(_before_any_step, *a))
     hooks.prepare_step_dispatch()  # before _on_any_step, which starts the probe's StepWatch
     register_optimizer_step_post_hook(_on_any_step)
-    _safe(variants.install_torch)  # `syncdoctor experiment`: after the hooks above, so its own run after them
+    # `syncdoctor experiment`'s variants install here: after the hooks above, so theirs run after them.
+    _safe(hook_points.call, hook_points.TORCH_PATCHED)

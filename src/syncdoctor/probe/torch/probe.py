@@ -32,11 +32,11 @@ import torch
 import torch.distributed as dist
 
 from syncdoctor import settings
-from syncdoctor.experiment import inrank as variants
-from syncdoctor.probe.core import precision, safety
+from syncdoctor.probe.core import hook_points, precision, safety
 from syncdoctor.probe.core.compare import config_fingerprint, groups_fingerprint
 from syncdoctor.probe.core.evidence import LAST_LOSSES
 from syncdoctor.probe.core.fingerprint import combine
+from syncdoctor.probe.core.state import STATE
 from syncdoctor.probe.torch.canary import Canary, CanaryUnavailable
 from syncdoctor.probe.torch.check import CrossRankCheck
 from syncdoctor.probe.torch.fingerprint import ViewCache, fingerprints, ids_fingerprint
@@ -49,7 +49,6 @@ from syncdoctor.records.writer import RecordWriter
 from syncdoctor.settings import DEFAULT_CHECK_EVERY, DEFAULT_RUN_DIR, SyncMismatchError
 
 log = logging.getLogger("syncdoctor")
-_active: list[Probe] = []
 __all__ = ["DEFAULT_CHECK_EVERY", "DEFAULT_RUN_DIR", "NullProbe", "Probe", "SyncMismatchError", "attach"]
 
 DETAIL_EVERY = 100  # the full state and the diagnostics: at least this many steps apart
@@ -178,7 +177,8 @@ class Probe:
         # attach, or before the first update of a loop without DDP (auto.py binds there).
         # Taken at the first step's end it would already hold the first update, and a
         # hyperparameter differing on one rank would look like an unseeded init.
-        variants.before_watch(self.module)  # `syncdoctor experiment`: rank 0's weights, before they are fingerprinted
+        # `syncdoctor experiment`'s broadcast variant puts rank 0's weights in place here.
+        hook_points.call(hook_points.BEFORE_WATCH, self.module)
         self.layout = self._guard(layout_of, self._params, self.rank)
         if canary is None:
             canary = os.environ.get(settings.CANARY_ENV, "1") != "0"
@@ -195,10 +195,10 @@ class Probe:
         # (_take_over_from_rebuilt).
         self.segment = 1
         self._layout_key = tuple((n, tuple(p.shape)) for n, p in self._named_params)
-        self._peers_at_birth = {id(q): q.opt_steps for q in _active if q._layout_key == self._layout_key}
+        self._peers_at_birth = {id(q): q.opt_steps for q in STATE.probes if q._layout_key == self._layout_key}
         if optimizer is not None:
             self.bind_optimizer(optimizer)
-        _active.append(self)
+        STATE.probes.append(self)
         atexit.register(self._close_at_exit)
 
     # ------------------------------------------------------------------ setup
@@ -222,7 +222,7 @@ class Probe:
         by side (both updating) stay two probes."""
         if self.opt_steps:
             return
-        for old in list(_active):
+        for old in list(STATE.probes):
             born = self._peers_at_birth.get(id(old))
             if old is self or old.closed or born is None or old.opt_steps == 0 or old.opt_steps != born:
                 continue
@@ -242,7 +242,8 @@ class Probe:
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
         self._take_over_from_rebuilt()
         self._handles.append(StepWatch(optimizer, self._after_step_hook))
-        variants.before_snapshot(self, optimizer)  # `syncdoctor experiment`: rank 0's hyperparameters first
+        # `syncdoctor experiment`'s hparams variant puts rank 0's hyperparameters in place here.
+        hook_points.call(hook_points.BEFORE_SNAPSHOT, self, optimizer)
         names = [n for n, _ in self._named_params]
         snapshot = build_snapshot(
             rank=self.rank,
@@ -399,8 +400,8 @@ class Probe:
             self.writer.close()
         except Exception:
             pass
-        if self in _active:
-            _active.remove(self)
+        if self in STATE.probes:
+            STATE.probes.remove(self)
 
     def remove_hooks(self) -> None:
         """Take every hook and watch off torch's objects (idempotent)."""
@@ -814,7 +815,7 @@ class NullProbe:
 
 def probe_for_module(module: torch.nn.Module) -> Probe | None:
     inner = module.module if isinstance(module, _ddp_class()) else module
-    for probe in _active:
+    for probe in STATE.probes:
         if probe.model is module or probe.module is inner:
             return probe
     return None
