@@ -1,5 +1,5 @@
 """The MindSpore adapter: the probe (`probe`, `MindSporeProbe`: callback, AllGather
-exchange) and the zero-code attach (`attach`). `syncdoctor.probe.mindspore.MindSporeProbe`
+exchange), the zero-code attach (`attach`) and what both know between steps (`watch`). `syncdoctor.probe.mindspore.MindSporeProbe`
 is resolved lazily, so importing this package imports no MindSpore."""
 
 from __future__ import annotations
@@ -8,8 +8,12 @@ from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("MindSporeProbe", "SyncMismatchError"):
+    if name in ("MindSporeProbe", "SyncDoctorCallback", "SyncMismatchError"):
         from syncdoctor.probe.mindspore import probe
 
         return getattr(probe, name)
+    if name in ("install_autoattach", "install_lazy_autoattach", "report", "skipped"):
+        from syncdoctor.probe.mindspore import attach
+
+        return getattr(attach, name)
     raise AttributeError(name)

@@ -42,7 +42,16 @@ from typing import Any
 import numpy as np
 
 from syncdoctor.probe.core import safety
-from syncdoctor.probe.core.fingerprint import array_fingerprint, combine
+from syncdoctor.probe.core.fingerprint import array_fingerprint
+from syncdoctor.probe.mindspore.watch import (
+    W,
+    find_loss,
+    global_step,
+    scaled_step_outputs,
+    take_batches,
+    take_init,
+    to_float,
+)
 from syncdoctor.settings import CHECK_EVERY_ENV, DEFAULT_CHECK_EVERY, ON_MISMATCH_ENV, RUN_DIR_ENV
 
 NO_STEP_AFTER_BATCHES = 20  # batches drawn with no update seen: say the probe could not attach
@@ -72,49 +81,6 @@ def _scalar(value: Any) -> Any:
     except Exception:
         pass
     return None
-
-
-def _global_step(optimizer: Any) -> int | None:
-    try:
-        return int(optimizer.global_step.asnumpy().reshape(-1)[0])
-    except Exception:
-        return None
-
-
-class _Watch:
-    """What this rank's zero-code probe knows between steps."""
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.in_model_train = False
-        self.optimizers: list[tuple[weakref.ref[Any], int | None]] = []  # (optimizer, init fingerprint)
-        self.cell_opt: dict[int, Any] = {}  # id(cell) -> optimizer it contains (or None)
-        self.probe: Any = None
-        self.optimizer: Any = None
-        self.last_global: int = 0
-        self.style: str | None = None
-        self.losses: list[Any] = []
-        self.iter_counts: dict[int, list[int]] = {}  # id(iterator) -> [batches, samples] since the last step
-        self.last_iter: int | None = None
-        self.batches_without_step = 0
-        self.told_no_step = False
-        self.data_fps: list[int] = []
-        self.reported: dict[str, Any] = {}
-        self.grads_local: Any = None  # at check steps (PyNative): the reducer's input and output
-        self.grads: Any = None
-        self.loss_cell: Any = None
-        self.outer_cells: list[weakref.ref[Any]] = []  # cells Python called at the outermost level
-        self.reducer: Any = None
-        self.scaler: Any = None
-        self.dataset: Any = None
-        self.installed = False
-        self.start_failed = False
-        self.need_init = False  # an optimizer was built and nothing has run since
-        self.model_train_seen = False
-        self.stood_down = False  # a patch failed: the patches call the originals only
-
-
-W = _Watch()
 
 
 # --------------------------------------------------------------------------- the public one-liners
@@ -182,7 +148,7 @@ def _after_outer_call(kind: str, target: Any, args: tuple[Any, ...], out: Any) -
     for opt in candidates:
         if opt is None or (W.optimizer is not None and opt is not W.optimizer):
             continue
-        now = _global_step(opt)
+        now = global_step(opt)
         if now is not None and now != W.last_global:
             _record(opt, kind, now, (target, args, out))
             return
@@ -261,7 +227,7 @@ def _roots_owning(param: Any) -> list[Any]:
 
 
 def _start(opt: Any, kind: str | None, call: Any) -> None:
-    from syncdoctor.probe.mindspore.probe import MindSporeProbe, _find_loss
+    from syncdoctor.probe.mindspore.probe import MindSporeProbe
 
     W.optimizer = opt
     W.last_global = 0
@@ -281,7 +247,7 @@ def _start(opt: Any, kind: str | None, call: Any) -> None:
                 mode_cells.append(c)
     loss_fn = None
     for root in roots:
-        loss_fn = loss_fn or _find_loss(root)
+        loss_fn = loss_fn or find_loss(root)
     loss_fn = loss_fn or W.loss_cell or _only_loss_cell()
     W.style = _style(opt, kind, call)
     every = os.environ.get(CHECK_EVERY_ENV)
@@ -318,18 +284,6 @@ def _only_loss_cell() -> Any:
     # type(), not isinstance: the collector also hands out weak proxies, dead ones included.
     found = [o for o in gc.get_objects() if issubclass(type(o), nn.LossBase)]
     return found[0] if len(found) == 1 else None
-
-
-def take_batches() -> tuple[int, int | None, int | None]:
-    """(micro-steps, samples, data fingerprint) drawn for the step that just ended, from
-    the iterator that fed it; the counts start again."""
-    micro, samples = 1, None
-    if W.last_iter is not None and W.last_iter in W.iter_counts:
-        micro, samples = W.iter_counts[W.last_iter]
-        micro = max(1, micro)
-    data_fp = combine(W.data_fps) if W.data_fps else None
-    W.iter_counts, W.data_fps = {}, []
-    return micro, samples or None, data_fp
 
 
 def _is_optimizer(cell: Any) -> bool:
@@ -377,15 +331,11 @@ def _record(opt: Any, kind: str | None, now: int | None, call: Any, overflow: bo
     W.grads = W.grads_local = None
     scale = rep.get("loss_scale")
     if scale is None and call is not None and hasattr(call[0], "scale_sense"):  # TrainOneStepWithLossScaleCell
-        from syncdoctor.probe.mindspore.probe import scaled_step_outputs
-
         scaled = scaled_step_outputs(call[2])
         if scaled[1] is not None or scaled[0] is not None:
             overflow, scale = scaled
     if scale is None and W.scaler is not None and W.scaler() is not None:
-        from syncdoctor.probe.mindspore.probe import _float
-
-        scale = _float(W.scaler().scale_value)
+        scale = to_float(W.scaler().scale_value)
     ids = rep.get("ids")
     probe.after_step(
         loss=loss,
@@ -507,18 +457,6 @@ def _saw_optimizer(opt: Any, _: Any = None) -> None:
     W.need_init = True
 
 
-def take_init() -> None:
-    """What every rank starts from: the parameters each optimizer updates, fingerprinted
-    at the first call into MindSpore after it was built (before any update, after a
-    checkpoint the script loaded into the net)."""
-    W.need_init = False
-    W.optimizers = [
-        (ref, fp if fp is not None else combine([array_fingerprint(p.asnumpy()) for p in opt.parameters]))
-        for ref, fp in W.optimizers
-        if (opt := ref()) is not None
-    ]
-
-
 def _saw_batch(iterator: Any, batch: Any) -> None:
     first: Any = next(iter(batch.values())) if isinstance(batch, dict) else batch[0] if batch else None
     n = None
@@ -602,3 +540,25 @@ def install() -> bool:
     W.installed = True
     atexit.register(lambda: _safe(_no_step_yet, True))
     return True
+
+
+# --------------------------------------------------------------------------- entry points
+def install_autoattach(run_dir: str | os.PathLike[str] | None = None, check_every: int | None = None) -> bool:
+    """Attach to every training style without code changes: Model.train, train cells,
+    value_and_grad + optimizer(grads), jitted steps. False where MindSpore is missing."""
+    if run_dir is not None:
+        os.environ.setdefault(RUN_DIR_ENV, str(run_dir))
+    if check_every is not None:
+        os.environ.setdefault(CHECK_EVERY_ENV, str(check_every))
+    try:
+        return install()
+    except Exception as exc:
+        print(f"syncdoctor: MindSpore probe not installed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return False
+
+
+def install_lazy_autoattach() -> None:
+    """For a sitecustomize: attach when (and only if) the process imports MindSpore."""
+    from syncdoctor.probe.run import boot
+
+    boot.when_imported("mindspore.train.model", install_autoattach)

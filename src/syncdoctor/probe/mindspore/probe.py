@@ -6,7 +6,7 @@ Two ways in:
 - a custom `value_and_grad` + `nn.DistributedGradReducer` loop:
   `probe = MindSporeProbe(net, optimizer, run_dir)`, then `probe.after_step(loss=..., grads=...)`
   after each optimizer update.
-`install_autoattach()` patches `Model.train` so that the callback is added without any
+`attach.install_autoattach()` patches `Model.train` so that the callback is added without any
 change to the user's script (used by `syncdoctor run -- msrun ...` through sitecustomize).
 
 Measured on MindSpore 2.10 CPU (shared/facts.md): healthy data parallelism keeps the
@@ -31,17 +31,29 @@ import numpy as np
 
 from syncdoctor import settings
 from syncdoctor.probe.core import precision, safety
+from syncdoctor.probe.core.compare import FIELDS, compare
 from syncdoctor.probe.core.evidence import LAST_LOSSES, dump_evidence
 from syncdoctor.probe.core.fingerprint import array_fingerprint, combine, ids_fingerprint
 from syncdoctor.probe.core.snapshot import build_common_snapshot, public_scalars
 from syncdoctor.probe.core.verdict import mismatch_message, print_verdict
+from syncdoctor.probe.mindspore.watch import (
+    W,
+    as_numpy,
+    find_loss,
+    global_step,
+    scaled_step_outputs,
+    take_batches,
+    take_init,
+    to_float,
+)
 from syncdoctor.records import contract
-from syncdoctor.records.compare import majority_outliers
 from syncdoctor.records.constants import MAX_IDS
 from syncdoctor.records.writer import RecordWriter
 from syncdoctor.settings import DEFAULT_RUN_DIR, RUN_DIR_ENV, SyncMismatchError
 
-__all__ = ["MindSporeProbe", "SyncDoctorCallback", "SyncMismatchError", "install_autoattach", "install_lazy_autoattach"]
+__all__ = ["MindSporeProbe", "SyncDoctorCallback", "SyncMismatchError"]
+# The gathered values a check record keeps in its `detail`, one list per value (a rank each).
+MS_DETAIL = ("step", "backward", "param_fp", "opt_fp", "mode", "config_fp")
 _DEFAULT_DATASET_SEED = 5489  # mindspore.dataset's seed when nobody set one (measured, 2.10)
 
 
@@ -59,30 +71,6 @@ def rank_and_size() -> tuple[int, int]:
         return int(get_rank()), int(get_group_size())
     except Exception:
         return int(os.environ.get("RANK_ID", 0) or 0), int(os.environ.get("RANK_SIZE", 1) or 1)
-
-
-def _asnumpy(t: Any) -> np.ndarray:
-    return t.asnumpy() if hasattr(t, "asnumpy") else np.asarray(t)
-
-
-def _float(value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        if isinstance(value, (tuple, list)):  # Model.train with a loss scaler: (loss, overflow, scale)
-            value = value[0]
-        return float(np.asarray(_asnumpy(value), dtype=np.float64).reshape(-1)[0])
-    except Exception:
-        return None
-
-
-def scaled_step_outputs(out: Any) -> tuple[bool | None, float | None]:
-    """(overflow, loss scale) from what a loss-scaled train step returns, (loss,
-    overflow, scale) as TrainOneStepWithLossScaleCell and Model.train give it; (None,
-    None) for any other output."""
-    if isinstance(out, (tuple, list)) and len(out) >= 3:
-        return bool(_float(out[1])), _float(out[2])
-    return None, None
 
 
 def _cell_hparams(cell: Any) -> dict[str, Any]:
@@ -171,7 +159,7 @@ def _loss_scale_info(scaler: Any) -> dict[str, Any] | None:
     for attr in ("scale_value", "scale_factor", "scale_window", "loss_scale_value", "init_loss_scale"):
         value = getattr(scaler, attr, None)
         if value is not None:
-            info[attr] = _float(value) if hasattr(value, "asnumpy") else value
+            info[attr] = to_float(value) if hasattr(value, "asnumpy") else value
     return info
 
 
@@ -294,11 +282,11 @@ class MindSporeProbe:
         opt = self.optimizer
         groups = []
         if opt is not None:
-            group = {"lr": _float(opt.get_lr()) if hasattr(opt, "get_lr") else None}
+            group = {"lr": to_float(opt.get_lr()) if hasattr(opt, "get_lr") else None}
             for attr in ("momentum", "weight_decay", "dampening", "nesterov", "beta1", "beta2", "eps"):
                 value = getattr(opt, attr, None)
                 if value is not None:
-                    group[attr] = _float(value) if hasattr(value, "asnumpy") else value
+                    group[attr] = to_float(value) if hasattr(value, "asnumpy") else value
             groups.append(group)
         loader = dataset_info(dataset)
         loader.update(extra.pop("loader", {}))
@@ -340,7 +328,7 @@ class MindSporeProbe:
 
     @staticmethod
     def _tensor_fps(params: list[Any]) -> list[int]:
-        return [array_fingerprint(_asnumpy(p)) for p in params]
+        return [array_fingerprint(as_numpy(p)) for p in params]
 
     def _train_mode(self) -> str:
         """The contract's one encoding (records/contract.py TRAIN_MODE), in cell order."""
@@ -399,15 +387,15 @@ class MindSporeProbe:
         ids = None
         if batch_ids is not None:
             ids = (
-                np.concatenate([np.asarray(_asnumpy(b)).reshape(-1) for b in batch_ids])
+                np.concatenate([np.asarray(as_numpy(b)).reshape(-1) for b in batch_ids])
                 if isinstance(batch_ids, (list, tuple))
-                else np.asarray(_asnumpy(batch_ids)).reshape(-1)
+                else np.asarray(as_numpy(batch_ids)).reshape(-1)
             )
             data_fp = ids_fingerprint(ids.astype(np.int64))
             samples = samples if samples is not None else int(ids.size)
         lr = None
         if self.optimizer is not None and hasattr(self.optimizer, "get_lr"):
-            lr = _float(self.optimizer.get_lr())
+            lr = to_float(self.optimizer.get_lr())
         record: dict[str, Any] = dict(
             rank=self.rank,
             step=self.step,
@@ -415,7 +403,7 @@ class MindSporeProbe:
             backward=self.backward,
             opt_steps=self.opt_steps,
             t=time.time(),
-            loss=_float(loss),
+            loss=to_float(loss),
             lr=lr,
             data_fp=data_fp,
             samples=samples,
@@ -432,7 +420,7 @@ class MindSporeProbe:
             record["opt_fp"] = combine(self._tensor_fps(self._opt_state))
             record["train_mode"] = self._train_mode()
             if grads is not None:
-                grad_arrays = [_asnumpy(g) for g in grads]
+                grad_arrays = [as_numpy(g) for g in grads]
                 record["grad_fp"] = combine([array_fingerprint(a) for a in grad_arrays])
                 record["grad_norm"] = self.last_grad_norm = _global_norm(grad_arrays)
                 record["grad_fp16"] = _fp16_exact(grad_arrays)
@@ -474,8 +462,12 @@ class MindSporeProbe:
     def _check(self, param_fp: int, opt_fp: int, tensor_fps: list[int], train_mode: str, config_fp: int) -> None:
         assert self.writer is not None  # step() returns early without one
         mode_fp = ids_fingerprint(np.frombuffer(train_mode.encode(), dtype=np.uint8))
+        # The torch probe's row (probe/core/compare.py FIELDS), with what this probe does
+        # not observe left 0 on every rank: one compare names what differs, for both.
+        posted = {"step": self.step, "backward": self.backward, "param_fp": param_fp, "opt_fp": opt_fp}
+        posted.update(config_fp=config_fp, mode=mode_fp)
         try:
-            rows = self._allgather([self.step, self.backward, param_fp, opt_fp, mode_fp, config_fp])
+            rows = self._allgather([int(posted.get(f, 0)) for f in FIELDS])
         except Exception as exc:
             self.checks_disabled = repr(exc)
             self.writer.write(
@@ -489,12 +481,7 @@ class MindSporeProbe:
                 detail={"error": repr(exc)[:500]},
             )
             return
-        what, outside = [], set()
-        for col, name in ((2, "param"), (3, "opt"), (0, "counter"), (1, "counter"), (4, "mode"), (5, "config")):
-            bad = majority_outliers({r: int(v) for r, v in enumerate(rows[:, col])})
-            if bad and name not in what:
-                what.append(name)
-            outside.update(bad)
+        what, outside = compare([[int(v) for v in row] for row in rows], buffers_must_match=False)
         tensor = None
         if "param" in what:
             # Every rank saw the same gathered rows, so every rank takes this branch: the
@@ -508,22 +495,19 @@ class MindSporeProbe:
             except Exception as exc:
                 self._event("exception", f"probe tensor gather failed: {exc!r}")
         status = "mismatch" if what else "ok"
-        detail = {
-            name: rows[:, col].tolist()
-            for col, name in enumerate(("step", "backward", "param_fp", "opt_fp", "mode", "config_fp"))
-        }
+        detail = {name: rows[:, FIELDS.index(name)].tolist() for name in MS_DETAIL}
         self.writer.write(
             contract.KIND_CHECK,
             rank=self.rank,
             step=self.step,
             status=status,
             what=what,
-            ranks=sorted(outside),
+            ranks=outside,
             tensor=tensor,
             detail=detail,
         )
         if what:
-            self._report(what, sorted(outside), tensor, detail)
+            self._report(what, outside, tensor, detail)
 
     def _report(self, what: list[str], ranks: list[int], tensor: str | None, detail: dict[str, Any]) -> None:
         """The verdict line, the evidence bundle and the exception, as the torch probe
@@ -578,7 +562,7 @@ def _global_norm(grads: Any) -> float | None:
     try:
         total = 0.0
         for g in grads:
-            a = _asnumpy(g).astype(np.float64)
+            a = as_numpy(g).astype(np.float64)
             total += float(np.dot(a.reshape(-1), a.reshape(-1)))
         return float(np.sqrt(total))
     except Exception:
@@ -619,7 +603,7 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
             cb = run_context.original_args()
             network = _cb_get(cb, "network")
             # cb_params.network is the user's net (measured, 2.10); the loss is beside it.
-            loss_fn = _cb_get(cb, "loss_fn") or _find_loss(network)
+            loss_fn = _cb_get(cb, "loss_fn") or find_loss(network)
             # MindSpore spells it "loss_scale_mananger" (sic) in 2.10.
             scaler = _cb_get(cb, "loss_scale_mananger") or _cb_get(cb, "loss_scale_manager")
             dataset = _cb_get(cb, "train_dataset")
@@ -629,11 +613,9 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
             except Exception:
                 pass
             optimizer = _cb_get(cb, "optimizer")
-            from syncdoctor.probe.mindspore import attach as mindspore_auto
-
-            if mindspore_auto.W.need_init:
-                mindspore_auto.take_init()
-            init_fp = next((fp for ref, fp in mindspore_auto.W.optimizers if ref() is optimizer), None)
+            if W.need_init:
+                take_init()
+            init_fp = next((fp for ref, fp in W.optimizers if ref() is optimizer), None)
             mode = "GRAPH" if _ms().get_context("mode") == _ms().GRAPH_MODE else "PyNative"
             style = f"Model.train ({mode}, dataset_sink_mode={_cb_get(cb, 'dataset_sink_mode')})"
             self.probe = MindSporeProbe(
@@ -647,10 +629,10 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
                 check_every=self.check_every,
                 on_mismatch=self.on_mismatch,
                 init_param_fp=init_fp,
-                auto=mindspore_auto.W.installed,
+                auto=W.installed,
                 extra={"ddp": {"wrapper": "Model.train"}, "style": style},
             )
-            if mindspore_auto.W.installed:
+            if W.installed:
                 print(
                     f"syncdoctor: probe attached on rank {self.probe.rank} to {style}; records in "
                     f"{self.run_dir}/records",
@@ -667,8 +649,6 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
             cb = run_context.original_args()
             out = _cb_get(cb, "net_outputs")
             overflow, scale = scaled_step_outputs(out)
-            from syncdoctor.probe.mindspore.attach import _global_step, take_batches
-
             optimizer = _cb_get(cb, "optimizer")
             micro, samples, data_fp = take_batches()  # what the dataset iterator handed out (non-sink mode)
             self.probe.after_step(
@@ -678,7 +658,7 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
                 micro=micro,
                 samples=samples,
                 data_fp=data_fp,
-                opt_steps=_global_step(optimizer) if optimizer is not None else None,
+                opt_steps=global_step(optimizer) if optimizer is not None else None,
             )
         except Exception as exc:
             self.probe.event("exception", f"callback step failed: {exc!r}")
@@ -694,44 +674,3 @@ def _cb_get(cb: Any, key: str) -> Any:
         return cb.get(key) if hasattr(cb, "get") else getattr(cb, key, None)
     except Exception:
         return None
-
-
-def _find_loss(network: Any) -> Any:
-    try:
-        from mindspore.nn.loss.loss import LossBase
-
-        for _, cell in network.cells_and_names():
-            if isinstance(cell, LossBase):
-                return cell
-        for attr in ("_loss_fn", "loss_fn"):
-            for _, cell in network.cells_and_names():
-                if getattr(cell, attr, None) is not None:
-                    return getattr(cell, attr)
-    except Exception:
-        pass
-    return None
-
-
-# -----------------------------------------------------------------------------------------
-# zero-code attach (probe/mindspore/attach.py)
-def install_autoattach(run_dir: str | os.PathLike[str] | None = None, check_every: int | None = None) -> bool:
-    """Attach to every training style without code changes: Model.train, train cells,
-    value_and_grad + optimizer(grads), jitted steps. False where MindSpore is missing."""
-    if run_dir is not None:
-        os.environ.setdefault(RUN_DIR_ENV, str(run_dir))
-    if check_every is not None:
-        os.environ.setdefault(settings.CHECK_EVERY_ENV, str(check_every))
-    try:
-        from syncdoctor.probe.mindspore import attach as mindspore_auto
-
-        return mindspore_auto.install()
-    except Exception as exc:
-        print(f"syncdoctor: MindSpore probe not installed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return False
-
-
-def install_lazy_autoattach() -> None:
-    """For a sitecustomize: attach when (and only if) the process imports MindSpore."""
-    from syncdoctor.probe.run import boot
-
-    boot.when_imported("mindspore.train.model", install_autoattach)

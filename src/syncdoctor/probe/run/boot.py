@@ -236,10 +236,10 @@ def _install_torch() -> None:
 
 
 def _install_mindspore() -> None:
-    from syncdoctor.probe.mindspore import probe as mindspore
+    from syncdoctor.probe.mindspore import attach
 
     note_process("mindspore")
-    mindspore.install_autoattach()  # reads the run folder and K from the environment
+    attach.install_autoattach()  # reads the run folder and K from the environment
 
 
 def when_imported(module: str, callback: Callable[[], object]) -> None:

@@ -1,0 +1,121 @@
+"""What one MindSpore worker's probe knows between steps (`W`), and the reading of
+values off MindSpore objects, shared by the probe (probe.py: the callback, the checks)
+and the zero-code attach (attach.py: the patches). Neither of those imports the other's
+internals: both read and write this module's state.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+
+from syncdoctor.probe.core.fingerprint import array_fingerprint, combine
+
+
+def as_numpy(t: Any) -> np.ndarray:
+    return t.asnumpy() if hasattr(t, "asnumpy") else np.asarray(t)
+
+
+def to_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        if isinstance(value, (tuple, list)):  # Model.train with a loss scaler: (loss, overflow, scale)
+            value = value[0]
+        return float(np.asarray(as_numpy(value), dtype=np.float64).reshape(-1)[0])
+    except Exception:
+        return None
+
+
+def scaled_step_outputs(out: Any) -> tuple[bool | None, float | None]:
+    """(overflow, loss scale) from what a loss-scaled train step returns, (loss,
+    overflow, scale) as TrainOneStepWithLossScaleCell and Model.train give it; (None,
+    None) for any other output."""
+    if isinstance(out, (tuple, list)) and len(out) >= 3:
+        return bool(to_float(out[1])), to_float(out[2])
+    return None, None
+
+
+def find_loss(network: Any) -> Any:
+    try:
+        from mindspore.nn.loss.loss import LossBase
+
+        for _, cell in network.cells_and_names():
+            if isinstance(cell, LossBase):
+                return cell
+        for attr in ("_loss_fn", "loss_fn"):
+            for _, cell in network.cells_and_names():
+                if getattr(cell, attr, None) is not None:
+                    return getattr(cell, attr)
+    except Exception:
+        pass
+    return None
+
+
+def global_step(optimizer: Any) -> int | None:
+    try:
+        return int(optimizer.global_step.asnumpy().reshape(-1)[0])
+    except Exception:
+        return None
+
+
+class Watch:
+    """What this rank's zero-code probe knows between steps."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_model_train = False
+        self.optimizers: list[tuple[weakref.ref[Any], int | None]] = []  # (optimizer, init fingerprint)
+        self.cell_opt: dict[int, Any] = {}  # id(cell) -> optimizer it contains (or None)
+        self.probe: Any = None
+        self.optimizer: Any = None
+        self.last_global: int = 0
+        self.style: str | None = None
+        self.losses: list[Any] = []
+        self.iter_counts: dict[int, list[int]] = {}  # id(iterator) -> [batches, samples] since the last step
+        self.last_iter: int | None = None
+        self.batches_without_step = 0
+        self.told_no_step = False
+        self.data_fps: list[int] = []
+        self.reported: dict[str, Any] = {}
+        self.grads_local: Any = None  # at check steps (PyNative): the reducer's input and output
+        self.grads: Any = None
+        self.loss_cell: Any = None
+        self.outer_cells: list[weakref.ref[Any]] = []  # cells Python called at the outermost level
+        self.reducer: Any = None
+        self.scaler: Any = None
+        self.dataset: Any = None
+        self.installed = False
+        self.start_failed = False
+        self.need_init = False  # an optimizer was built and nothing has run since
+        self.model_train_seen = False
+        self.stood_down = False  # a patch failed: the patches call the originals only
+
+
+W = Watch()
+
+
+def take_batches() -> tuple[int, int | None, int | None]:
+    """(micro-steps, samples, data fingerprint) drawn for the step that just ended, from
+    the iterator that fed it; the counts start again."""
+    micro, samples = 1, None
+    if W.last_iter is not None and W.last_iter in W.iter_counts:
+        micro, samples = W.iter_counts[W.last_iter]
+        micro = max(1, micro)
+    data_fp = combine(W.data_fps) if W.data_fps else None
+    W.iter_counts, W.data_fps = {}, []
+    return micro, samples or None, data_fp
+
+
+def take_init() -> None:
+    """What every rank starts from: the parameters each optimizer updates, fingerprinted
+    at the first call into MindSpore after it was built (before any update, after a
+    checkpoint the script loaded into the net)."""
+    W.need_init = False
+    W.optimizers = [
+        (ref, fp if fp is not None else combine([array_fingerprint(p.asnumpy()) for p in opt.parameters]))
+        for ref, fp in W.optimizers
+        if (opt := ref()) is not None
+    ]
