@@ -126,9 +126,9 @@ _safe = safety.guard(on_error=_variant_failed)
 
 
 def _is_helper() -> bool:
-    from syncdoctor.probe.run import boot
+    from syncdoctor.probe.core import process
 
-    return boot.is_helper()
+    return process.is_helper()
 
 
 # ---------------------------------------------------------------------- install
@@ -330,9 +330,9 @@ def _install_seeds() -> None:
     if "numpy" in sys.modules:
         _install_numpy_seeds()
     else:
-        from syncdoctor.probe.run import boot
+        from syncdoctor.probe.core import process
 
-        boot.when_imported("numpy", lambda: _safe(_install_numpy_seeds))
+        process.when_imported("numpy", lambda: _safe(_install_numpy_seeds))
     _status.ok(f"random, numpy and torch seeded with {SEED} at start")
 
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from syncdoctor import settings
 from syncdoctor.lab.launch import free_port
 from syncdoctor.lab.plan import RankPlan
 
@@ -165,12 +166,11 @@ def zero_code_env(out: Path, check_every: int | None = None) -> dict[str, str]:
     """The environment `syncdoctor run` gives a command (its sitecustomize first on
     PYTHONPATH), so the probe attaches to the lab script as to any user's script; less
     the copy of each rank's output, which msrun already writes to worker_N.log."""
-    from syncdoctor.probe.run import boot
     from syncdoctor.probe.run.launcher import prepare
 
     env = prepare(out, check_every, None, env=dict(os.environ))
-    env.pop(boot.AUTO_ENV, None)
-    return {k: env[k] for k in ("PYTHONPATH", boot.RUN_DIR_ENV, boot.CHECK_EVERY_ENV) if k in env}
+    env.pop(settings.AUTO_ENV, None)
+    return {k: env[k] for k in ("PYTHONPATH", settings.RUN_DIR_ENV, settings.CHECK_EVERY_ENV) if k in env}
 
 
 def run_mindspore_lab(

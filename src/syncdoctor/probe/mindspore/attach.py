@@ -528,10 +528,10 @@ def install() -> bool:
     safety.patch_once(_class_in("mindspore.graph.api", "_JitExecutor"), "__call__", _outer_call("jit"))
     safety.patch_once(nn.Optimizer, "__init__", _then(_saw_optimizer))
     safety.patch_once(_class_in("mindspore.dataset.engine.iterators", "Iterator"), "__next__", _then(_saw_batch))
-    from syncdoctor.probe.run import boot
+    from syncdoctor.probe.core import process
 
     # mindspore.amp is imported after mindspore.train by the package: patch it when it is.
-    boot.when_imported(
+    process.when_imported(
         "mindspore.amp",
         lambda: _safe(
             safety.patch_once, _class_in("mindspore.amp", "DynamicLossScaler"), "__init__", _then(_saw_scaler)
@@ -559,6 +559,6 @@ def install_autoattach(run_dir: str | os.PathLike[str] | None = None, check_ever
 
 def install_lazy_autoattach() -> None:
     """For a sitecustomize: attach when (and only if) the process imports MindSpore."""
-    from syncdoctor.probe.run import boot
+    from syncdoctor.probe.core import process
 
-    boot.when_imported("mindspore.train.model", install_autoattach)
+    process.when_imported("mindspore.train.model", install_autoattach)

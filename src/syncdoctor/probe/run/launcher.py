@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from syncdoctor.probe.run import boot
+from syncdoctor import settings
+from syncdoctor.probe.core import process
 from syncdoctor.settings import DEFAULT_CHECK_EVERY
 
 REAP_WAIT_S = 10.0
@@ -117,15 +118,15 @@ def prepare(
     env = dict(os.environ if env is None else env)
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(boot_dir) + (os.pathsep + old if old else "")
-    env[boot.RUN_DIR_ENV] = str(out)
-    env[boot.AUTO_ENV] = "1"
-    env.pop(boot.RANK_PID_ENV, None)
+    env[settings.RUN_DIR_ENV] = str(out)
+    env[settings.AUTO_ENV] = "1"
+    env.pop(settings.RANK_PID_ENV, None)
     if check_every is not None:
         if check_every < 1:
             raise InputError("--check-every must be at least 1")
-        env[boot.CHECK_EVERY_ENV] = str(check_every)
+        env[settings.CHECK_EVERY_ENV] = str(check_every)
     if on_mismatch:
-        env[boot.ON_MISMATCH_ENV] = on_mismatch
+        env[settings.ON_MISMATCH_ENV] = on_mismatch
     return env
 
 
@@ -199,7 +200,7 @@ def attach_report(out: Path) -> str:
         if len(records) == 1:
             line += " (one rank attached: nothing to compare it with; did the launcher start one process only?)"
         return line
-    marked = [p.name.split(".")[0] for p in (out / boot.PROCS_DIR).glob("*.*")]
+    marked = [p.name.split(".")[0] for p in (out / process.PROCS_DIR).glob("*.*")]
     frameworks = sorted(set(marked))
     if not marked:
         why = (

@@ -30,9 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from syncdoctor.probe.core import hook_points, safety
+from syncdoctor.probe.core import hook_points, process, safety
 from syncdoctor.probe.core.state import STATE
-from syncdoctor.probe.run import boot
 from syncdoctor.probe.torch import hooks
 from syncdoctor.probe.torch import probe as core
 
@@ -51,14 +50,14 @@ _safe = safety.guard(on_error=_stand_down)
 
 
 def _is_rank() -> bool:
-    if boot.is_helper() or STATE.stood_down:
+    if process.is_helper() or STATE.stood_down:
         return False
-    return (dist.is_available() and dist.is_initialized()) or boot.launcher_rank() is not None
+    return (dist.is_available() and dist.is_initialized()) or process.launcher_rank() is not None
 
 
 def _probe_kwargs() -> dict[str, Any]:
-    rank = dist.get_rank() if dist.is_initialized() else boot.launcher_rank() or 0
-    folder = boot.run_dir() or core.DEFAULT_RUN_DIR
+    rank = dist.get_rank() if dist.is_initialized() else process.launcher_rank() or 0
+    folder = process.run_dir() or core.DEFAULT_RUN_DIR
     return {
         "run_dir": folder,
         "check_timeout_s": STATE.pg_timeout_s,
@@ -86,7 +85,7 @@ def _after_init(args: tuple[Any, ...], kwargs: dict[str, Any], original: Callabl
         backend = bound.get("backend") or dist.get_backend()
         timeout = dist.distributed_c10d._get_default_timeout(backend)
     STATE.pg_timeout_s = float(timeout.total_seconds())
-    boot.become_rank(dist.get_rank())
+    process.become_rank(dist.get_rank())
 
 
 def _close_all(status: str = "ok", message: str = "") -> None:
