@@ -15,6 +15,9 @@ fi
 .venv/bin/ruff check src tests benchmarks fuzz scripts
 .venv/bin/ruff format --check src tests benchmarks fuzz scripts
 .venv/bin/mypy
+# The import contracts (pyproject.toml [tool.importlinter]) and private names kept private.
+.venv/bin/lint-imports --no-cache
+.venv/bin/python scripts/check_private_names.py
 .venv/bin/python -m pytest --ignore=tests/mindspore -m "not slow" "$@"
 .venv/bin/python -m pytest --ignore=tests/mindspore -m slow -v -o console_output_style=times --durations=25 "$@"
 if [ -x .venv-ms/bin/python ]; then

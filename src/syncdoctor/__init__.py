@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from syncdoctor.version import __version__
 
 
 def attach(model: Any, optimizer: Any, **kwargs: Any) -> Any:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import syncdoctor
+from syncdoctor import version
 from syncdoctor.settings import rank_env
 
 HYPERPARAM_TYPES = (int, float, str, bool, type(None))
@@ -43,7 +43,7 @@ def user_source_files() -> dict[str, str]:
         }
         if p
     )
-    own = str(Path(syncdoctor.__file__).parent)
+    own = str(Path(version.__file__).parent)
     files: dict[str, str] = {}
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
@@ -115,7 +115,7 @@ def build_common_snapshot(
         "pid": os.getpid(),
         "t": time.time(),
         "env": rank_env(),
-        "versions": {**versions, "syncdoctor": syncdoctor.__version__},
+        "versions": {**versions, "syncdoctor": version.__version__},
         "code": {"entry": entry, "entry_sha256": sha256_file(entry) if entry else None, "files": user_source_files()},
         "rng": {**python_rng_digests(), **rng},
         "seed": seed,

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import xxhash
 
-from syncdoctor.probe.torch.fingerprint import _device_fingerprint, tensor_fingerprint
+from syncdoctor.probe.torch.fingerprint import device_fingerprint, tensor_fingerprint
 
 CANARY_BATCH = 2  # the batch dimension of the canary input: a forward costs little
 CANARY_SEED = 20261130  # the canary input's values and the forward's dropout masks
@@ -151,7 +151,7 @@ class Canary:
                 return
             out = out.detach()
             # Now: an in-place op of the next layer (ReLU(inplace=True)) would change it.
-            fps.append(tensor_fingerprint(out) if out.device.type == "cpu" else _device_fingerprint(out))
+            fps.append(tensor_fingerprint(out) if out.device.type == "cpu" else device_fingerprint(out))
             f = out.float() if not out.is_complex() else torch.view_as_real(out).float()
             std = f.std() if f.numel() > 1 else torch.zeros((), device=f.device)
             stats.append(torch.stack([f.mean(), std]))

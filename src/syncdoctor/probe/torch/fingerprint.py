@@ -30,7 +30,7 @@ def tensor_fingerprint(t: torch.Tensor) -> int:
     t = t.detach()
     if t.device.type == "cpu":
         return to_int64(xxhash.xxh3_64_intdigest(_raw_bytes(t)))  # type: ignore[arg-type]  # see _raw_bytes
-    return int(_device_fingerprint(t).item())
+    return int(device_fingerprint(t).item())
 
 
 def _raw_bytes(t: torch.Tensor) -> np.ndarray:
@@ -42,7 +42,7 @@ def _raw_bytes(t: torch.Tensor) -> np.ndarray:
     return t.view(torch.uint8).numpy()  # a contiguous tensor's bytes, any shape: no reshape needed
 
 
-def _device_fingerprint(t: torch.Tensor) -> torch.Tensor:
+def device_fingerprint(t: torch.Tensor) -> torch.Tensor:
     """Row sums and column sums of the raw bits seen as a (rows × 1024) matrix, each
     weighted by its odd position: a swap inside a row moves two column sums, a swap
     inside a column moves two row sums, any single-bit change moves both. Computed
@@ -104,7 +104,7 @@ def fingerprints(
             raw = cache.view(kind, i, t) if cache is not None else _raw_bytes(t.detach())
             out.append(to_int64(xxhash.xxh3_64_intdigest(raw)))  # type: ignore[arg-type]  # see _raw_bytes
         else:
-            on_device.append((len(out), _device_fingerprint(t.detach())))
+            on_device.append((len(out), device_fingerprint(t.detach())))
             out.append(0)
     if on_device:
         by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
