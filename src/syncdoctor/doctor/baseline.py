@@ -37,7 +37,7 @@ import numpy as np
 import polars as pl
 
 from syncdoctor.doctor.model import LossShape
-from syncdoctor.doctor.rules.sd101_train_divergence import BLOW_UP
+from syncdoctor.doctor.rules._thresholds import BLOW_UP
 from syncdoctor.doctor.series import downsample
 
 if TYPE_CHECKING:

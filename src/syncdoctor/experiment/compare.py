@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from syncdoctor.doctor.rules.sd701_loss_definition import OFFSET_MIN, OFFSET_SAME_SIDE, OFFSET_T
+from syncdoctor.doctor.rules._thresholds import OFFSET_MIN, OFFSET_SAME_SIDE, OFFSET_T
 
 SHAPE_ANOMALIES = ("sawtooth", "spike")
 # What the replicas hold that data parallelism keeps identical (the doctor's divergence

@@ -5,9 +5,9 @@ import polars as pl
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding, LossShape
+from syncdoctor.doctor.rules._thresholds import BLOW_UP
 from syncdoctor.doctor.rules.base import Rule
 
-BLOW_UP = 5.0  # the peak over the starting loss that healthy training never reaches
 STILL_LEARNING = 0.05  # the last quarter's second half 5 % below its first half: still learning
 
 

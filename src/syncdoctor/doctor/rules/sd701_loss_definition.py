@@ -2,15 +2,10 @@ from __future__ import annotations
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.rules._thresholds import OFFSET_MIN, OFFSET_SAME_SIDE, OFFSET_T
 from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.records.compare import describe_split, majority_outliers
 from syncdoctor.rulebook import fmt_ranks
-
-# In some window of consecutive steps: |t| of the mean offset, the share of steps on
-# the same side, and the size, that ranks reading different data do not reach by chance.
-OFFSET_T = 6.0
-OFFSET_SAME_SIDE = 0.9
-OFFSET_MIN = 0.03
 
 
 class LossDefinitionMismatch(Rule):
