@@ -11,6 +11,7 @@ import polars as pl
 from syncdoctor.doctor.coverage import coverage, loss_unobserved
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import AgreementSpan, Diagnosis, Finding, RankSummary, Verdict
+from syncdoctor.doctor.report import jupyter  # noqa: F401 # gives Diagnosis Jupyter's display hook
 from syncdoctor.doctor.rules import all_rules
 from syncdoctor.doctor.run_facts import run_facts
 from syncdoctor.doctor.series import downsample
