@@ -103,8 +103,8 @@ def _curve(ev: Evidence) -> _Curve:
         steps=mean["step"].to_numpy().astype(np.int64),
         mean=mean["loss"].cast(pl.Float64).to_numpy(),
         per_rank=per_rank,
-        shape=ev.mean_shape,
-        rank_shapes=ev.rank_shapes,
+        shape=ev.loss.mean_shape,
+        rank_shapes=ev.loss.rank_shapes,
         world_size=ev.world_size,
         global_batch=_global_batch(ev),
     )
