@@ -4,7 +4,7 @@ by rulebook.Registry, the same shape as doctor/rules/."""
 
 from __future__ import annotations
 
-from syncdoctor.preflight.model import Check
+from syncdoctor.preflight.checks.base import Check
 from syncdoctor.rulebook import Registry
 
 CHECKS: Registry[Check] = Registry(__name__, Check)
