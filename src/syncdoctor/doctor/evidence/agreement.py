@@ -12,6 +12,8 @@ from syncdoctor.doctor.evidence.sources import Facet
 
 
 class Agreement(Facet):
+    """``ev.agreement``: the outcome of every parameter check, and the timeline of them."""
+
     @cached_property
     def per_check(self) -> list[tuple[int, list[int]]]:
         """(step, odd ranks) at every step where two or more ranks fingerprinted their

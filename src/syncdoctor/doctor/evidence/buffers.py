@@ -11,6 +11,8 @@ from syncdoctor.doctor.evidence.sources import Facet, int_of
 
 
 class Buffers(Facet):
+    """``ev.buffers``: buffers nothing keeps in sync, and when they first differed."""
+
     @cached_property
     def unsynced_differ(self) -> bool:
         return any(c.get("detail", {}).get("buffers_differ_unsynced") for c in self.ev.checks)

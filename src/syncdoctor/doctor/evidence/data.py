@@ -13,6 +13,8 @@ from syncdoctor.doctor.evidence.sources import Facet, Sources, int_of
 
 
 class Data(Facet):
+    """``ev.data``: what each rank read, from the batch fingerprints and sample ids."""
+
     def __init__(self, ev: Sources, placement: Placement) -> None:
         super().__init__(ev)
         self.placement = placement

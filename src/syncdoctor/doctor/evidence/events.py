@@ -17,32 +17,7 @@ FAILURE_KINDS = ("crash", "oom")
 
 
 class Events(Facet):
-    @cached_property
-    def hang_picture(self) -> dict[int, dict[str, Any]]:
-        """From the logs of a job that timed out: for each rank, the last step it
-        printed before its own first wait or timeout, and that first wait (or none:
-        the rank never said it waited: it was busy elsewhere, or it ended).
-        {rank: {"last_step", "wait", "ended"}} ("ended": the rank logged a crash, an
-        out-of-memory or an exit); empty when nothing timed out or failed on the
-        network, or fewer than two ranks printed steps."""
-        waits = [e for e in self.of("timeout", "watchdog", "network") if e.rank is not None]
-        if not waits or self.ev.has_records or not self.ev.losses.height or self.ev.logs is None:
-            return {}
-        first: dict[int, Event] = {}
-        for e in waits:
-            best = first.get(int(e.rank))  # type: ignore[arg-type] # rank is set: filtered above
-            if best is None or (e.t is not None and best.t is not None and e.t < best.t):
-                first[int(e.rank)] = e  # type: ignore[arg-type]
-        rows = self.ev.logs.losses.filter(pl.col("rank").is_not_null() & pl.col("step").is_not_null())
-        out: dict[int, dict[str, Any]] = {}
-        for (rank,), part in rows.group_by(["rank"]):
-            wait = first.get(int(rank))
-            if wait is not None and wait.source in set(part["source"].to_list()) and wait.line is not None:
-                part = part.filter((pl.col("source") != wait.source) | (pl.col("line") < wait.line))
-            if part.height:
-                ended = any(e.rank == rank for e in self.of("crash", "oom", "exit"))
-                out[int(rank)] = {"last_step": int(part["step"].max()), "wait": wait, "ended": ended}
-        return out if len(out) > 1 else {}
+    """``ev.events``: every event (``all``), the real ones (``real``, ``of(kind, ...)``) and what they tell."""
 
     @cached_property
     def all(self) -> list[Event]:
@@ -114,3 +89,30 @@ class Events(Facet):
         if self.ev.records is None:
             return []
         return sorted(r for r in self.ev.records.ranks if r not in self.ev.records.ends)
+
+    @cached_property
+    def hang_picture(self) -> dict[int, dict[str, Any]]:
+        """From the logs of a job that timed out: for each rank, the last step it
+        printed before its own first wait or timeout, and that first wait (or none:
+        the rank never said it waited: it was busy elsewhere, or it ended).
+        {rank: {"last_step", "wait", "ended"}} ("ended": the rank logged a crash, an
+        out-of-memory or an exit); empty when nothing timed out or failed on the
+        network, or fewer than two ranks printed steps."""
+        waits = [e for e in self.of("timeout", "watchdog", "network") if e.rank is not None]
+        if not waits or self.ev.has_records or not self.ev.losses.height or self.ev.logs is None:
+            return {}
+        first: dict[int, Event] = {}
+        for e in waits:
+            best = first.get(int(e.rank))  # type: ignore[arg-type] # rank is set: filtered above
+            if best is None or (e.t is not None and best.t is not None and e.t < best.t):
+                first[int(e.rank)] = e  # type: ignore[arg-type]
+        rows = self.ev.logs.losses.filter(pl.col("rank").is_not_null() & pl.col("step").is_not_null())
+        out: dict[int, dict[str, Any]] = {}
+        for (rank,), part in rows.group_by(["rank"]):
+            wait = first.get(int(rank))
+            if wait is not None and wait.source in set(part["source"].to_list()) and wait.line is not None:
+                part = part.filter((pl.col("source") != wait.source) | (pl.col("line") < wait.line))
+            if part.height:
+                ended = any(e.rank == rank for e in self.of("crash", "oom", "exit"))
+                out[int(rank)] = {"last_step": int(part["step"].max()), "wait": wait, "ended": ended}
+        return out if len(out) > 1 else {}

@@ -14,6 +14,8 @@ from syncdoctor.records.compare import majority_outliers
 
 
 class Fingerprints(Facet):
+    """``ev.fingerprints``: the long fingerprint tables and where they first part."""
+
     def __init__(self, ev: Sources, placement: Placement) -> None:
         super().__init__(ev)
         self.placement = placement

@@ -41,6 +41,8 @@ def _rolling_median(x: np.ndarray, k: int) -> np.ndarray:
 
 
 class Loss(Facet):
+    """``ev.loss``: analyses of the loss curves (the curves themselves are ``ev.losses``)."""
+
     @cached_property
     def wide(self) -> pl.DataFrame:
         """step × rank table of losses, only steps every rank reported."""

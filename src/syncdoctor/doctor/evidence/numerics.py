@@ -11,6 +11,8 @@ from syncdoctor.doctor.evidence.sources import Facet
 
 
 class Numerics(Facet):
+    """``ev.numerics``: the overflow skips of mixed precision."""
+
     @cached_property
     def overflow_disagreement(self) -> list[tuple[int, list[int]]]:
         """Steps where some ranks skipped for overflow and others did not."""

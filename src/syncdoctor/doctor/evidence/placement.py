@@ -11,6 +11,8 @@ from syncdoctor.doctor.evidence.sources import Facet
 
 
 class Placement(Facet):
+    """``ev.placement``: the placement of a sharded or hybrid job (empty under plain data parallelism)."""
+
     @cached_property
     def replica(self) -> dict[int, dict[str, Any]]:
         """Per rank, the placement classes and replica keys of a sharded/hybrid job

@@ -12,6 +12,8 @@ from syncdoctor.doctor.evidence.sources import Facet, Sources, float_of
 
 
 class Reduce(Facet):
+    """``ev.reduce``: what the gradient reduction did."""
+
     def __init__(self, ev: Sources, replicas: Replicas) -> None:
         super().__init__(ev)
         self.replicas = replicas

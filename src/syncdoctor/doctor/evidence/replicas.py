@@ -38,6 +38,8 @@ class Divergence:
 
 
 class Replicas(Facet):
+    """``ev.replicas``: whether, where and how the replicas parted."""
+
     def __init__(self, ev: Sources, placement: Placement, fingerprints: Fingerprints, agreement: Agreement) -> None:
         super().__init__(ev)
         self.placement = placement

@@ -12,6 +12,8 @@ from syncdoctor.doctor.evidence.sources import Facet
 
 
 class Settings(Facet):
+    """``ev.settings``: values every rank must share, and where they differed."""
+
     @cached_property
     def log_partings(self) -> dict[str, Any]:
         """From the logs: the first step at which a value that must be equal on every
