@@ -4,19 +4,18 @@
 table, the snapshots, the checks, the losses, the ranks) and one attribute per
 facet, each facet a small module of related analyses:
 
-==============  ==============================================================
-``ev.loss``       loss curves: shapes, per-rank offsets, same-data groups
-``ev.replicas``   where the replicas parted, the differing tensor, counters, initial weights
-``ev.agreement``  the replica-agreement timeline of the parameter checks
-``ev.placement``  sharded/hybrid placement: replica keys, the mesh
-``ev.fingerprints``  the must-be-equal fingerprints per replica group, long form
-``ev.reduce``     the gradient reduction: a sum instead of a mean, ranks left out
-``ev.numerics``   mixed-precision overflow skips and disagreements
-``ev.data``       what each rank read: duplicate batches, overlapping sample ids
-``ev.events``     communication and process events, failures, hangs, rebuilds
-``ev.buffers``    buffers nothing keeps in sync
-``ev.settings``   values every rank must share: lr, and what the logs show shared
-==============  ==============================================================
+- ``ev.loss``: the loss curves' shapes, per-rank offsets, same-data groups
+- ``ev.replicas``: where the replicas parted, the differing tensor, the counters,
+  the initial weights
+- ``ev.agreement``: the replica-agreement timeline of the parameter checks
+- ``ev.placement``: a sharded or hybrid job's replica keys and mesh
+- ``ev.fingerprints``: the must-be-equal fingerprints per replica group, long form
+- ``ev.reduce``: the gradient reduction (a sum instead of a mean, ranks left out)
+- ``ev.numerics``: mixed-precision overflow skips and disagreements
+- ``ev.data``: what each rank read (duplicate batches, overlapping sample ids)
+- ``ev.events``: communication and process events, failures, hangs, rebuilds
+- ``ev.buffers``: buffers nothing keeps in sync
+- ``ev.settings``: values every rank must share (the lr, what the logs show shared)
 
 A new fact goes in the facet it belongs to, or in a new facet module with one
 line here. Each analysis is a cached property, so a rule that needs nothing from
