@@ -93,12 +93,12 @@ def export_tensorboard(ev: Evidence, out: Path) -> dict[int | str, int]:
         finally:
             writer.close()
         counts[rank] = n
-    spans = ev.agreement
+    spans = ev.agreement.timeline
     if spans:
         writer = SummaryWriter(logdir=str(out / "replicas"), flush_secs=3600)
         try:
             n = 0
-            for step, parted in ev._agreement_per_check:
+            for step, parted in ev.agreement.per_check:
                 writer.add_scalar("replicas/parted_ranks", len(parted), step)
                 n += 1
         finally:

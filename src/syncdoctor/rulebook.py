@@ -4,8 +4,11 @@ Both are small classes, one per file, with a stable code, a name, a severity and
 docstring whose **Symptom:**, **Cause:**, **Quick check:** and **Fix:** sections are
 their documentation. The docstring is the only place the fix text is written: a
 doctor finding, `syncdoctor rules` and `preflight --explain` all read it from there.
-Each part discovers its entries by importing every module of its package; adding an
-entry is adding one file. Framework-free: no torch, no polars.
+Both are registered the same way, as sqlfluff registers its rules: each part's
+package of entries (`doctor/rules/`, `preflight/checks/`) makes one
+:class:`Registry` of its base class in its ``__init__.py``, which finds the entries
+by importing every module of the package (modules starting with ``_`` hold helpers);
+adding an entry is adding one file. Framework-free: no torch, no polars.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import re
 from collections.abc import Iterable
 from functools import cache
 from types import ModuleType
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 Severity = Literal["error", "warning", "info"]
 SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
@@ -80,6 +83,26 @@ def discover(package: ModuleType, base: type[E]) -> list[type[E]]:
                     raise RuntimeError(f"code {obj.code} defined twice: {found[obj.code].__name__}, {obj.__name__}")
                 found[obj.code] = obj
     return [found[code] for code in sorted(found)]
+
+
+class Registry(Generic[E]):
+    """The entries of one package: every subclass of `base` defined in one of its
+    modules, found on first use, sorted by code."""
+
+    def __init__(self, package: str, base: type[E]) -> None:
+        self.package = package
+        self.base = base
+        self._entries: tuple[type[E], ...] | None = None
+
+    def all(self) -> list[type[E]]:
+        """Every entry, sorted by code."""
+        if self._entries is None:
+            self._entries = tuple(discover(importlib.import_module(self.package), self.base))
+        return list(self._entries)
+
+    def get(self, code: str) -> type[E] | None:
+        """The entry with this code (any case), or None."""
+        return next((e for e in self.all() if e.code == code.upper()), None)
 
 
 def fmt_ranks(ranks: Iterable[Any], limit: int = 12) -> str:

@@ -60,7 +60,7 @@ def test_per_tensor_records_name_the_parameter_that_parted(tmp_path: Path) -> No
 
 def _parting(run: Path) -> tuple[int, list[int], str | None] | None:
     """(step, ranks, tensor) of the first parting of the replicas: what every rule names."""
-    div = Evidence(records=read_run(run)).divergence
+    div = Evidence(records=read_run(run)).replicas.divergence
     return (div.step, div.ranks, div.tensor) if div else None
 
 

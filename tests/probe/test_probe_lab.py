@@ -115,7 +115,7 @@ def test_summed_gradients_show_in_the_reduce_ratio(lab) -> None:
     first = ratios(clean, 1)
     assert set(first) == {0, 1}
     assert ratios(summed, 1) == pytest.approx({rank: 2 * r for rank, r in first.items()}, rel=1e-9)
-    clean_excess, summed_excess = (Evidence(records=run).reduce_excess for run in (clean, summed))
+    clean_excess, summed_excess = (Evidence(records=run).reduce.excess for run in (clean, summed))
     assert clean_excess is not None and summed_excess is not None
     assert clean_excess["steps"] >= 2 and clean_excess["above_one"] == 0 and clean_excess["median"] <= 1
     assert summed_excess["steps"] >= 2 and summed_excess["median"] > 1

@@ -30,27 +30,25 @@ rank. docs/baseline.md explains every choice below; in short:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
-from syncdoctor.doctor.model import LossShape
-from syncdoctor.doctor.rules.sd101_train_divergence import BLOW_UP
+from syncdoctor.doctor.model import (
+    BASELINE_VERDICT_TEXT,
+    BaselineComparison,
+    BaselineVerdict,
+    LossShape,
+    RankParting,
+)
+from syncdoctor.doctor.rules._thresholds import BLOW_UP
 from syncdoctor.doctor.series import downsample
 
 if TYPE_CHECKING:
     from syncdoctor.doctor.evidence import Evidence
 
-BaselineVerdict = Literal["agree", "parallel_part", "not_parallel_part", "better", "inconclusive"]
-VERDICT_TEXT = {
-    "agree": "the curves agree (within the baseline's noise)",
-    "parallel_part": "the parallel part: this run is worse where the baseline is fine",
-    "not_parallel_part": "not the parallel part: the baseline shows the same problem",
-    "better": "better than the baseline",
-    "inconclusive": "cannot tell: too little overlap between the two curves",
-}
 # The kinds of trouble a loss shape names (shape.py); shapes not listed are fine.
 PROBLEM = {
     "diverging": "blow-up",
@@ -70,51 +68,6 @@ SUSTAINED_WINDOWS = 3
 MIN_OVERLAP = 5  # points, as shape.py needs to read a shape
 SERIES_POINTS = 2000
 MAX_RANKS_COMPARED = 64  # one rolling median per rank: 64 ranks × 20,000 steps took 5 s on a busy 2-core machine
-
-
-@dataclass
-class RankParting:
-    rank: int
-    parted_at_step: int | None
-    direction: str | None  # "worse" (higher loss) | "better"
-    shape: str
-
-
-@dataclass
-class BaselineComparison:
-    """The comparison's outcome: what `diagnose --baseline` adds to a diagnosis."""
-
-    path: str
-    verdict: BaselineVerdict
-    summary: str
-    aligned_by: str  # "step" | "samples"
-    run_world_size: int | None
-    baseline_world_size: int | None
-    run_global_batch: int | None
-    baseline_global_batch: int | None
-    run_shape: LossShape | None
-    baseline_shape: LossShape | None
-    run_problem: str | None  # blow-up | stuck | jumps | None (PROBLEM)
-    baseline_problem: str | None
-    parted_at_step: int | None = None  # in the run's steps
-    parted_at_baseline_step: int | None = None  # the same point in the baseline's steps
-    direction: str | None = None  # worse | better: the run against the baseline after the parting
-    run_loss_at_parting: float | None = None  # both smoothed (rolling median), at the parting
-    baseline_loss_at_parting: float | None = None
-    run_loss_at_end: float | None = None  # both smoothed, at the last compared point
-    baseline_loss_at_end: float | None = None
-    compared_steps: list[int] = field(default_factory=list)  # [first, last] run steps compared
-    compared_points: int = 0
-    scale: str = "log"  # log | linear: where the difference is measured
-    noise_band: float | None = None  # half-width of the band, in that scale
-    baseline_noise: float | None = None  # σ of one baseline point, in that scale
-    early_gap: float | None = None  # the gap over the first compared points, in that scale
-    window: int | None = None  # points per rolling median
-    ranks: list[RankParting] = field(default_factory=list)
-    evidence: list[str] = field(default_factory=list)
-    # For the plot: {"run": [[run step, loss]], "baseline": [[run step, loss]]}; the
-    # baseline placed on the run's step axis by the alignment.
-    series: dict[str, list[list[float]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -150,8 +103,8 @@ def _curve(ev: Evidence) -> _Curve:
         steps=mean["step"].to_numpy().astype(np.int64),
         mean=mean["loss"].cast(pl.Float64).to_numpy(),
         per_rank=per_rank,
-        shape=ev.mean_shape,
-        rank_shapes=ev.rank_shapes,
+        shape=ev.loss.mean_shape,
+        rank_shapes=ev.loss.rank_shapes,
         world_size=ev.world_size,
         global_batch=_global_batch(ev),
     )
@@ -445,7 +398,7 @@ def _verdict(
 
 
 def _summary(out: BaselineComparison) -> str:
-    text = VERDICT_TEXT[out.verdict]
+    text = BASELINE_VERDICT_TEXT[out.verdict]
     rs, bs = (s.shape if s else "no curve" for s in (out.run_shape, out.baseline_shape))
     if out.verdict == "not_parallel_part":
         return f"{text} ({out.run_problem}: this run {rs}, the baseline {bs})"
@@ -486,13 +439,3 @@ def _r(x: float) -> float:
 
 def _num(x: float | None) -> str:
     return "non-finite" if x is None else f"{x:.4g}"
-
-
-def to_json(cmp: BaselineComparison, include_series: bool = False) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    data = asdict(cmp)
-    data["verdict_text"] = VERDICT_TEXT[cmp.verdict]
-    if not include_series:
-        data.pop("series")
-    return data

@@ -11,6 +11,7 @@ import polars as pl
 from syncdoctor.doctor.coverage import coverage, loss_unobserved
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import AgreementSpan, Diagnosis, Finding, RankSummary, Verdict
+from syncdoctor.doctor.report import jupyter  # noqa: F401 # gives Diagnosis Jupyter's display hook
 from syncdoctor.doctor.rules import all_rules
 from syncdoctor.doctor.run_facts import run_facts
 from syncdoctor.doctor.series import downsample
@@ -80,7 +81,7 @@ def verdict_for(ev: Evidence, findings: list[Finding]) -> Verdict:
     serious = [f for f in findings if f.severity in ("error", "warning")]
     if serious:
         return "not_sync_problem" if serious[0].category in NOT_SYNC else "sync_problem"
-    if ev.probe_disabled:
+    if ev.events.probe_disabled:
         return "inconclusive"  # a rank went unwatched: its silence proves nothing
     if loss_unobserved(ev):
         return "inconclusive"  # equal parameters do not show what each rank optimized
@@ -118,7 +119,7 @@ def _rank_status(
     steps = ev.step_counts.get(rank)
     if rank in failed:
         return "crashed", failed[rank]
-    if rank in ev.ended_early or (steps is not None and last_step is not None and steps < last_step):
+    if rank in ev.events.ended_early or (steps is not None and last_step is not None and steps < last_step):
         return "ended early", f"last step {steps} of {last_step}" if steps is not None else ""
     if rank in alone:
         note = (
@@ -154,14 +155,14 @@ def rank_summaries(ev: Evidence) -> list[RankSummary]:
         agg = ev.steps.group_by("rank").agg(pl.col(column).median())
         norms = {int(r): n for r, n in agg.iter_rows()}
     failed: dict[int, str] = {}
-    for e in ev.events_of("crash", "oom", "exception"):
+    for e in ev.events.of("crash", "oom", "exception"):
         if e.rank is not None:
             failed.setdefault(int(e.rank), f"{e.kind}: {e.raw[:160]}")
     if ev.records is not None:
         for rank, end in ev.records.ends.items():
             if end.get("status") == "exception":
                 failed.setdefault(int(rank), f"exited on an exception: {str(end.get('message', ''))[:160]}")
-    div = ev.divergence
+    div = ev.replicas.divergence
     odd = set(div.ranks) if div else set()
     alone = _alone_in_reduce(ev, div.step) if div else {}
     world = ev.world_size or len(ev.ranks)
@@ -171,7 +172,7 @@ def rank_summaries(ev: Evidence) -> list[RankSummary]:
         # before the parting is the one the average lost.
         blamed = {
             int(e.rank)
-            for e in ev.events_of("timeout", "retry", "watchdog", "network")
+            for e in ev.events.of("timeout", "retry", "watchdog", "network")
             if e.rank is not None and (e.step is None or e.step <= div.step)
         } & (odd | set(alone))
     last_step = max(ev.step_counts.values()) if ev.step_counts else None
@@ -231,7 +232,7 @@ def _series(frame: pl.DataFrame, value: str) -> dict[int, list[list[float]]]:
 def _unchecked(ev: Evidence) -> list[str]:
     """What the records could not show, said first among the warnings."""
     out = []
-    disabled = ev.probe_disabled
+    disabled = ev.events.probe_disabled
     if disabled:
         step, message = next(iter(disabled.values()))
         out.append(
@@ -245,8 +246,8 @@ def _unchecked(ev: Evidence) -> list[str]:
 def _in_mesh_terms(ev: Evidence, findings: list[Finding]) -> None:
     """Under a device mesh, the findings that explain the divergence say which replica
     group parted, in the mesh's own words: `replica group (ranks 1, 3), shard 1`."""
-    div = ev.divergence
-    mesh = ev.mesh
+    div = ev.replicas.divergence
+    mesh = ev.placement.mesh
     if div is None or mesh is None:
         return
     from syncdoctor.probe.core.mesh import group_name
@@ -304,20 +305,20 @@ def diagnose_evidence(ev: Evidence) -> Diagnosis:
     findings = run_rules(ev)
     _in_mesh_terms(ev, findings)
     ev.warnings[:0] = _unchecked(ev)
-    div = ev.divergence
+    div = ev.replicas.divergence
     diag = Diagnosis(
         verdict=verdict_for(ev, findings),
-        loss_shape=ev.mean_shape,
+        loss_shape=ev.loss.mean_shape,
         findings=findings,
-        rank_shapes=ev.rank_shapes,
+        rank_shapes=ev.loss.rank_shapes,
         ranks=rank_summaries(ev),
         divergence_step=div.step if div else None,
         last_agree_step=div.last_agree_step if div else None,
-        agreement=[AgreementSpan(**span) for span in ev.agreement],
+        agreement=[AgreementSpan(**span) for span in ev.agreement.timeline],
         world_size=ev.world_size,
         coverage=coverage(ev),
         grad_norm_kind=("local" if _grad_norm_column(ev) == "grad_norm_local" else "reduced") if ev.has_records else "",
-        events=ev.events,
+        events=ev.events.all,
         warnings=ev.warnings,
         run=run_facts(ev),
         sources=sorted(

@@ -1,5 +1,7 @@
 """What a diagnosis is: the data every analysis fills in and every renderer
-(terminal, JSON, HTML) reads. Plain dataclasses, no behaviour."""
+(terminal, JSON, HTML) reads. Plain dataclasses and the wording of their verdicts;
+no behaviour beyond the JSON form, and no import of any other part of the doctor
+(Jupyter's display hook is added by report/jupyter.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,22 @@ from syncdoctor.rulebook import Severity
 
 Verdict = Literal["healthy", "sync_problem", "not_sync_problem", "inconclusive"]
 DIAGNOSIS_SCHEMA = "syncdoctor.diagnosis/1"
+# How every renderer words each verdict.
+VERDICT_TEXT = {
+    "healthy": "Healthy: no sign of a sync problem",
+    "sync_problem": "Sync problem: the ranks are not training the same model",
+    "not_sync_problem": "Not a sync problem: the cause lies elsewhere",
+    "inconclusive": "Inconclusive: not enough evidence either way",
+}
+# The verdicts of a comparison with a baseline run (doctor/baseline.py), and their wording.
+BaselineVerdict = Literal["agree", "parallel_part", "not_parallel_part", "better", "inconclusive"]
+BASELINE_VERDICT_TEXT = {
+    "agree": "the curves agree (within the baseline's noise)",
+    "parallel_part": "the parallel part: this run is worse where the baseline is fine",
+    "not_parallel_part": "not the parallel part: the baseline shows the same problem",
+    "better": "better than the baseline",
+    "inconclusive": "cannot tell: too little overlap between the two curves",
+}
 
 # Stable JSON values of Finding.category.
 CATEGORIES = (
@@ -111,6 +129,58 @@ class AgreementSpan:
 
 
 @dataclass
+class RankParting:
+    rank: int
+    parted_at_step: int | None
+    direction: str | None  # "worse" (higher loss) | "better"
+    shape: str
+
+
+@dataclass
+class BaselineComparison:
+    """The comparison's outcome: what `diagnose --baseline` adds to a diagnosis."""
+
+    path: str
+    verdict: BaselineVerdict
+    summary: str
+    aligned_by: str  # "step" | "samples"
+    run_world_size: int | None
+    baseline_world_size: int | None
+    run_global_batch: int | None
+    baseline_global_batch: int | None
+    run_shape: LossShape | None
+    baseline_shape: LossShape | None
+    run_problem: str | None  # blow-up | stuck | jumps | None (PROBLEM)
+    baseline_problem: str | None
+    parted_at_step: int | None = None  # in the run's steps
+    parted_at_baseline_step: int | None = None  # the same point in the baseline's steps
+    direction: str | None = None  # worse | better: the run against the baseline after the parting
+    run_loss_at_parting: float | None = None  # both smoothed (rolling median), at the parting
+    baseline_loss_at_parting: float | None = None
+    run_loss_at_end: float | None = None  # both smoothed, at the last compared point
+    baseline_loss_at_end: float | None = None
+    compared_steps: list[int] = field(default_factory=list)  # [first, last] run steps compared
+    compared_points: int = 0
+    scale: str = "log"  # log | linear: where the difference is measured
+    noise_band: float | None = None  # half-width of the band, in that scale
+    baseline_noise: float | None = None  # σ of one baseline point, in that scale
+    early_gap: float | None = None  # the gap over the first compared points, in that scale
+    window: int | None = None  # points per rolling median
+    ranks: list[RankParting] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+    # For the plot: {"run": [[run step, loss]], "baseline": [[run step, loss]]}; the
+    # baseline placed on the run's step axis by the alignment.
+    series: dict[str, list[list[float]]] = field(default_factory=dict)
+
+    def to_json(self, include_series: bool = False) -> dict[str, Any]:
+        data = asdict(self)
+        data["verdict_text"] = BASELINE_VERDICT_TEXT[self.verdict]
+        if not include_series:
+            data.pop("series")
+        return data
+
+
+@dataclass
 class Diagnosis:
     verdict: Verdict
     loss_shape: LossShape | None
@@ -132,7 +202,7 @@ class Diagnosis:
     grad_norm_kind: str = ""  # "local": each rank's own gradient before the reduction; "reduced": after it
     run: dict[str, str] = field(default_factory=dict)  # what ran, from the snapshots (doctor/run_facts.py)
     # `diagnose --baseline`: the comparison with a baseline run (doctor/baseline.py), else None.
-    baseline: Any = None
+    baseline: BaselineComparison | None = None
     # What the diagnosis covered and what it could not see (doctor/coverage.py).
     coverage: list[str] = field(default_factory=list)
 
@@ -147,20 +217,12 @@ class Diagnosis:
                     out[f.name] = {str(k): v for k, v in value.items()}
             elif f.name == "baseline":
                 if value is not None:
-                    from syncdoctor.doctor.baseline import to_json
-
-                    out[f.name] = to_json(value, include_series)
+                    out[f.name] = value.to_json(include_series)
             elif isinstance(value, list):
                 out[f.name] = [asdict(v) if is_dataclass(v) and not isinstance(v, type) else v for v in value]
             else:
                 out[f.name] = asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
         return out
-
-    def _repr_html_(self) -> str:
-        """Jupyter shows a diagnosis as its report (static SVG charts, no script)."""
-        from syncdoctor.doctor.report.html import render_fragment
-
-        return render_fragment(self)
 
     @property
     def exit_code(self) -> int:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from syncdoctor.doctor.rules.sd701_loss_definition import OFFSET_MIN, OFFSET_SAME_SIDE, OFFSET_T
+from syncdoctor.doctor.rules._thresholds import OFFSET_MIN, OFFSET_SAME_SIDE, OFFSET_T
 
 SHAPE_ANOMALIES = ("sawtooth", "spike")
 # What the replicas hold that data parallelism keeps identical (the doctor's divergence
@@ -123,16 +123,16 @@ def measure(name: str, folder: Path) -> Measures:
     # The agreement timeline (the checks of the parameters) first; the step records'
     # divergence where there is no check. A differing setting or differing data is a
     # cause the doctor names; it is not the replicas parting.
-    parted = [span for span in ev.agreement if span.get("parted")]
-    div = ev.divergence
+    parted = [span for span in ev.agreement.timeline if span.get("parted")]
+    div = ev.replicas.divergence
     if parted:
         m.replicas_agree, m.first_mismatch_step = False, int(parted[0]["first_step"])
         m.mismatch_what = list(parted[0].get("what") or ["param"])
     elif div is not None and set(div.what) & set(REPLICA_STATE):
         m.replicas_agree, m.first_mismatch_step, m.mismatch_what = False, div.step, list(div.what)
-    elif ev.agreement or (ev.has_records and len(ev.ranks) > 1):
+    elif ev.agreement.timeline or (ev.has_records and len(ev.ranks) > 1):
         m.replicas_agree = True
-    offsets = ev.offsets
+    offsets = ev.loss.offsets
     if offsets is not None:
         odd = {
             r: offsets.by_rank[r]

@@ -100,19 +100,19 @@ def _overlay(runs: list[Measures]) -> str:
         )
         legend.append(("line", colour, name))
     parts += [ch.x_axis(xs, bottom), "</svg>"]
-    return "<h3>Mean loss over ranks, each run</h3>" + "".join(parts) + doctor_html._legend(legend)
+    return "<h3>Mean loss over ranks, each run</h3>" + "".join(parts) + doctor_html.legend_html(legend)
 
 
 def render_section(comparison: Comparison, command: list[str]) -> str:
     runs = [comparison.control, *comparison.variants]
-    table = doctor_html._table(
-        list(HEADERS), [[doctor_html._e(cell) for cell in row(m, comparison)] for m in runs], caption=""
+    table = doctor_html.table_html(
+        list(HEADERS), [[doctor_html.escape_text(cell) for cell in row(m, comparison)] for m in runs], caption=""
     )
-    verdict = "".join(f"<li>{doctor_html._e(line)}</li>" for line in comparison.verdict)
-    folders = "".join(f"<li>{doctor_html._e(m.name)}: {doctor_html._e(m.folder)}</li>" for m in runs)
+    verdict = "".join(f"<li>{doctor_html.escape_text(line)}</li>" for line in comparison.verdict)
+    folders = "".join(f"<li>{doctor_html.escape_text(m.name)}: {doctor_html.escape_text(m.folder)}</li>" for m in runs)
     return (
         '<section id="experiment"><h2>Experiment: which variant removes the anomaly</h2>'
-        f'<p class="meta">{doctor_html._e(" ".join(command), limit=2000)}</p>'
+        f'<p class="meta">{doctor_html.escape_text(" ".join(command), limit=2000)}</p>'
         f"<ul>{verdict}</ul>{table}{_overlay(runs)}"
         f"<h3>Run folders (each diagnoses on its own)</h3><ul>{folders}</ul></section>"
     )
@@ -127,5 +127,5 @@ def render_page(comparison: Comparison, command: list[str]) -> str:
         f'<meta http-equiv="Content-Security-Policy" content="{escape(doctor_html.CSP)}">\n'
         '<meta name="referrer" content="no-referrer">\n'
         f"<title>{title}</title>\n</head><body>\n"
-        f'<div class="sdr"><style>{doctor_html._CSS}</style>\n{body}\n</div>\n</body></html>\n'
+        f'<div class="sdr"><style>{doctor_html.CSS}</style>\n{body}\n</div>\n</body></html>\n'
     )

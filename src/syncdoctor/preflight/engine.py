@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from syncdoctor.errors import InputError
+from syncdoctor.preflight.checks.base import Check
 from syncdoctor.preflight.contexts import RankTableContext, Unparsable
 from syncdoctor.preflight.environment import (
     EnvGroup,
@@ -26,7 +27,7 @@ from syncdoctor.preflight.manifest import (
     load_manifest,
     manifests_from_records,
 )
-from syncdoctor.preflight.model import Check, Hit, PreflightFinding, Target
+from syncdoctor.preflight.model import Hit, PreflightFinding, Target
 from syncdoctor.preflight.rank_table import (
     RankTableError,
     load_rank_table,

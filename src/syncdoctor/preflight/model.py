@@ -1,14 +1,13 @@
-"""What a preflight check is and what it reports. Plain data plus the base class
-every check derives from; the checks themselves live one per file in `checks/`."""
+"""What a preflight check reports: plain data. The base class every check derives
+from is `checks/base.py`; the checks themselves live one per file in `checks/`."""
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from syncdoctor.rulebook import Entry, Severity
+from syncdoctor.rulebook import Severity
 
 Target = Literal["script", "rank_table", "env", "manifest"]
 # C0/C1 controls, DEL and the bidirectional overrides, written as Python escapes.
@@ -48,30 +47,3 @@ class Hit:
     @classmethod
     def at(cls, node: ast.AST, message: str) -> Hit:
         return cls(message, getattr(node, "lineno", 1), getattr(node, "col_offset", 0) + 1)
-
-
-class Check(Entry):
-    """One preflight check. Subclasses set the metadata, document themselves with
-    **Symptom:**, **Cause:** and **Fix:** sections (that text is the documentation
-    `syncdoctor rules` and `--explain` print) and implement `evaluate`."""
-
-    target: ClassVar[Target]
-    # The runner reports the inputs of `target` that could not be parsed as this
-    # check's findings (PF100, PF300).
-    reports_unreadable: ClassVar[bool] = False
-
-    @classmethod
-    def docs(cls) -> dict[str, Any]:
-        sections = super().docs()
-        return {
-            "code": cls.code,
-            "name": cls.name,
-            "category": cls.target,
-            "severity": cls.severity,
-            "title": sections["summary"],
-            **sections,
-        }
-
-    def evaluate(self, ctx: Any) -> Iterable[Hit]:
-        """Yield one Hit per problem found in `ctx` (the context type of `target`)."""
-        raise NotImplementedError

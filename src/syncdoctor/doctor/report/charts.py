@@ -58,7 +58,8 @@ _VIRIDIS = np.array(
 )
 
 
-def _f(x: float) -> str:
+def coord(x: float) -> str:
+    """An SVG coordinate: one decimal at most, non-finite as 0."""
     return f"{x:.1f}".rstrip("0").rstrip(".") if math.isfinite(x) else "0"
 
 
@@ -206,15 +207,15 @@ def svg_open(height: int = HEIGHT, label: str = "") -> str:
 
 
 def x_axis(scale: Scale, y: float, title: str = "step") -> str:
-    parts = [f'<line class="axis" x1="{LEFT}" y1="{_f(y)}" x2="{WIDTH - RIGHT}" y2="{_f(y)}"/>']
+    parts = [f'<line class="axis" x1="{LEFT}" y1="{coord(y)}" x2="{WIDTH - RIGHT}" y2="{coord(y)}"/>']
     for v, label in scale.ticks(integer=True):
         x = float(scale.px(v))
         parts.append(
-            f'<line class="tick" x1="{_f(x)}" y1="{_f(y)}" x2="{_f(x)}" y2="{_f(y + 4)}"/>'
-            f'<text class="tl" x="{_f(x)}" y="{_f(y + 16)}" text-anchor="{_anchor(x)}">{escape(label)}</text>'
+            f'<line class="tick" x1="{coord(x)}" y1="{coord(y)}" x2="{coord(x)}" y2="{coord(y + 4)}"/>'
+            f'<text class="tl" x="{coord(x)}" y="{coord(y + 16)}" text-anchor="{_anchor(x)}">{escape(label)}</text>'
         )
     parts.append(
-        f'<text class="at" x="{LEFT + PLOT_W / 2:.0f}" y="{_f(y + 33)}" text-anchor="middle">{escape(title)}</text>'
+        f'<text class="at" x="{LEFT + PLOT_W / 2:.0f}" y="{coord(y + 33)}" text-anchor="middle">{escape(title)}</text>'
     )
     return "".join(parts)
 
@@ -229,13 +230,13 @@ def y_axis(scale: Scale, title: str, grid: bool = True) -> str:
     for v, label in scale.ticks():
         y = float(scale.px(v))
         if grid:
-            parts.append(f'<line class="grid" x1="{LEFT}" y1="{_f(y)}" x2="{WIDTH - RIGHT}" y2="{_f(y)}"/>')
-        parts.append(f'<text class="tl" x="{LEFT - 6}" y="{_f(y + 4)}" text-anchor="end">{escape(label)}</text>')
+            parts.append(f'<line class="grid" x1="{LEFT}" y1="{coord(y)}" x2="{WIDTH - RIGHT}" y2="{coord(y)}"/>')
+        parts.append(f'<text class="tl" x="{LEFT - 6}" y="{coord(y + 4)}" text-anchor="end">{escape(label)}</text>')
     mid = (scale.p0 + scale.p1) / 2
     parts.append(
-        f'<text class="at" transform="translate(14 {_f(mid)}) rotate(-90)" text-anchor="middle">{escape(title)}</text>'
+        f'<text class="at" transform="translate(14 {coord(mid)}) rotate(-90)" text-anchor="middle">{escape(title)}</text>'
     )
-    parts.append(f'<line class="axis" x1="{LEFT}" y1="{_f(scale.p1)}" x2="{LEFT}" y2="{_f(scale.p0)}"/>')
+    parts.append(f'<line class="axis" x1="{LEFT}" y1="{coord(scale.p1)}" x2="{LEFT}" y2="{coord(scale.p0)}"/>')
     return "".join(parts)
 
 
@@ -259,7 +260,7 @@ def png_data_uri(rgb: np.ndarray) -> str:
 
 def raster(rgb: np.ndarray, x: float, y: float, w: float, h: float) -> str:
     return (
-        f'<image x="{_f(x)}" y="{_f(y)}" width="{_f(w)}" height="{_f(h)}" preserveAspectRatio="none" '
+        f'<image x="{coord(x)}" y="{coord(y)}" width="{coord(w)}" height="{coord(h)}" preserveAspectRatio="none" '
         f'style="image-rendering:pixelated" href="{png_data_uri(rgb)}"/>'
     )
 
@@ -295,5 +296,5 @@ def rank_labels(ranks: Sequence[int], per_row: int, top: float, row_h: float) ->
         last = ranks[min(len(ranks), (row + 1) * per_row) - 1]
         label = str(first) if first == last else f"{first}-{last}"
         y = top + (row + 0.5) * row_h
-        parts.append(f'<text class="tl" x="{LEFT - 6}" y="{_f(y + 4)}" text-anchor="end">{label}</text>')
+        parts.append(f'<text class="tl" x="{LEFT - 6}" y="{coord(y + 4)}" text-anchor="end">{label}</text>')
     return "".join(parts)

@@ -13,13 +13,7 @@ import numpy as np
 
 from syncdoctor.doctor.model import Diagnosis, Event, LossShape
 
-# Wording and colour per verdict; rich style names double as CSS class suffixes.
-VERDICT_TEXT = {
-    "healthy": "Healthy: no sign of a sync problem",
-    "sync_problem": "Sync problem: the ranks are not training the same model",
-    "not_sync_problem": "Not a sync problem: the cause lies elsewhere",
-    "inconclusive": "Inconclusive: not enough evidence either way",
-}
+# Colour per verdict (the wording is model.VERDICT_TEXT); rich style names double as CSS class suffixes.
 VERDICT_STYLE = {
     "healthy": "green",
     "sync_problem": "red",

@@ -10,7 +10,7 @@ Size: no plotting bundle; lines are reduced to two points per pixel column, rank
 step grids are small PNGs, so a 256-rank × 100,000-step run is a few hundred kB.
 
 :func:`render_fragment` is the same report without the page around it (Jupyter's
-``Diagnosis._repr_html_``).
+display hook, report/jupyter.py).
 """
 
 from __future__ import annotations
@@ -19,13 +19,15 @@ import math
 import re
 from html import escape
 from itertools import chain
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from syncdoctor.doctor.model import (
+    BASELINE_VERDICT_TEXT,
     DIAGNOSIS_SCHEMA,
+    VERDICT_TEXT,
     AgreementSpan,
+    BaselineComparison,
     Diagnosis,
     Event,
     Finding,
@@ -33,7 +35,6 @@ from syncdoctor.doctor.model import (
 )
 from syncdoctor.doctor.report import charts as ch
 from syncdoctor.doctor.report.common import (
-    VERDICT_TEXT,
     bracket_text,
     clean,
     fmt_num,
@@ -44,10 +45,10 @@ from syncdoctor.doctor.report.common import (
 from syncdoctor.doctor.series import downsample
 from syncdoctor.rulebook import SEVERITIES, fmt_ranks
 
-if TYPE_CHECKING:  # imported where used: only a run with a baseline needs it
-    from syncdoctor.doctor.baseline import BaselineComparison
-
-__all__ = ["render_fragment", "render_html"]
+# The public API: the two renderers, and the pieces another HTML page built on this
+# report's style uses (experiment/report.py): the stylesheet, escaping untrusted
+# text, a legend and a table.
+__all__ = ["CSS", "CSP", "escape_text", "legend_html", "render_fragment", "render_html", "table_html"]
 
 _MAX_EVENT_MARKERS = 2000
 _MAX_EVENT_ROWS = 200
@@ -128,13 +129,13 @@ def render_fragment(diag: Diagnosis, title: str = "syncdoctor report") -> str:
             _list_section("Sources", diag.sources, "sources"),
         ]
     )
-    return f'<div class="sdr"><style>{_CSS}</style>\n{body}\n</div>'
+    return f'<div class="sdr"><style>{CSS}</style>\n{body}\n</div>'
 
 
 # --- text sections -----------------------------------------------------------------------------
 
 
-def _e(text: object, limit: int | None = None, oneline: bool = False) -> str:
+def escape_text(text: object, limit: int | None = None, oneline: bool = False) -> str:
     """Untrusted text → inert HTML text."""
     return escape(clean(text, oneline=oneline, limit=limit), quote=True)
 
@@ -145,14 +146,14 @@ def _header(diag: Diagnosis, title: str) -> str:
     div = ""
     if diag.divergence_step is not None:
         last = (
-            f"the last check where all ranks agreed: step {_e(diag.last_agree_step)}; "
+            f"the last check where all ranks agreed: step {escape_text(diag.last_agree_step)}; "
             if diag.last_agree_step is not None
             else ""
         )
         div = (
-            f"<p>Replicas parted <b>{_e(bracket_text(diag))}</b> "
+            f"<p>Replicas parted <b>{escape_text(bracket_text(diag))}</b> "
             f'<span class="detail">({last}the first where they differed: step '
-            f"{_e(diag.divergence_step)})</span>.</p>"
+            f"{escape_text(diag.divergence_step)})</span>.</p>"
         )
     facts = []
     if diag.world_size:
@@ -164,9 +165,9 @@ def _header(diag: Diagnosis, title: str) -> str:
     if checks:
         facts.append(f"{checks:,} replica checks")
     return (
-        f"<header><h1>{_e(title, oneline=True)}</h1>"
-        f'<p class="verdict {cls}">{_e(verdict)}</p>{div}'
-        f'<p class="meta">{_e(" · ".join([*facts, DIAGNOSIS_SCHEMA]))}</p></header>'
+        f"<header><h1>{escape_text(title, oneline=True)}</h1>"
+        f'<p class="verdict {cls}">{escape_text(verdict)}</p>{div}'
+        f'<p class="meta">{escape_text(" · ".join([*facts, DIAGNOSIS_SCHEMA]))}</p></header>'
     )
 
 
@@ -182,8 +183,8 @@ def _shape_html(shape: LossShape) -> str:
         if v is not None
     )
     return (
-        f'<p><span class="tag {cls}">{_e(shape.shape)}</span> {_e(shape_line(shape))}'
-        f'{f" · {_e(nums)}" if nums else ""}</p><p class="detail">{_e(shape.detail)}</p>'
+        f'<p><span class="tag {cls}">{escape_text(shape.shape)}</span> {escape_text(shape_line(shape))}'
+        f'{f" · {escape_text(nums)}" if nums else ""}</p><p class="detail">{escape_text(shape.detail)}</p>'
     )
 
 
@@ -203,14 +204,14 @@ def _finding_html(f: Finding, top: bool) -> str:
         ("ranks", fmt_ranks(f.ranks) if f.ranks else None),
         ("tensor", f.tensor),
     ]
-    dl = "".join(f"<dt>{k}</dt><dd>{_e(v, limit=300)}</dd>" for k, v in facts if v is not None)
-    evidence = "".join(f"<li>{_e(x, limit=2000)}</li>" for x in f.evidence)
+    dl = "".join(f"<dt>{k}</dt><dd>{escape_text(v, limit=300)}</dd>" for k, v in facts if v is not None)
+    evidence = "".join(f"<li>{escape_text(x, limit=2000)}</li>" for x in f.evidence)
     sev = f.severity if f.severity in SEVERITIES else "info"
     return (
         f'<article class="finding {sev}{" top" if top else ""}">'
-        f"<h3>{_e(f.title, oneline=True)}</h3><dl>{dl}</dl>"
+        f"<h3>{escape_text(f.title, oneline=True)}</h3><dl>{dl}</dl>"
         f"{f'<h4>Evidence</h4><ul>{evidence}</ul>' if evidence else ''}"
-        f"{f'<h4>Fix</h4><p class=fix>{_e(f.fix)}</p>' if f.fix else ''}</article>"
+        f"{f'<h4>Fix</h4><p class=fix>{escape_text(f.fix)}</p>' if f.fix else ''}</article>"
     )
 
 
@@ -221,7 +222,9 @@ def _findings_section(findings: list[Finding]) -> str:
     return f'<section id="findings"><h2>Findings</h2>{cards}</section>'
 
 
-def _table(headers: list[str], rows: list[list[str]], caption: str = "", cls: list[str] | None = None) -> str:
+def table_html(headers: list[str], rows: list[list[str]], caption: str = "", cls: list[str] | None = None) -> str:
+    """A table of cells that are HTML already (escape untrusted text with :func:`escape_text`
+    first); `cls`: a CSS class per column."""
     classes = cls or [""] * len(headers)
     head = "".join(f'<th class="{c}">{h}</th>' if c else f"<th>{h}</th>" for h, c in zip(headers, classes, strict=True))
     body = "".join(
@@ -242,22 +245,22 @@ def _ranks_section(diag: Diagnosis) -> str:
     for r in diag.ranks:
         shape = shapes.get(r.rank)
         shape_cell = (
-            f'<span class="tag {_SHAPE_CLASS.get(shape.shape, "info")}" title="{_e(shape.detail)}">'
-            f"{_e(shape.shape)}</span>"
+            f'<span class="tag {_SHAPE_CLASS.get(shape.shape, "info")}" title="{escape_text(shape.detail)}">'
+            f"{escape_text(shape.shape)}</span>"
             if shape
             else ""
         )
         status_cls = _STATUS_CLASS.get(r.status, "bad") if r.status else ""
         rows.append(
             [
-                _e(r.rank),
-                _e(fmt_num(r.steps)),
-                _e(fmt_num(r.last_loss)),
-                _e(fmt_num(r.mean_loss)),
-                _e(fmt_num(r.grad_norm)),
+                escape_text(r.rank),
+                escape_text(fmt_num(r.steps)),
+                escape_text(fmt_num(r.last_loss)),
+                escape_text(fmt_num(r.mean_loss)),
+                escape_text(fmt_num(r.grad_norm)),
                 shape_cell,
-                f'<span class="st {status_cls}">{_e(r.status, limit=40)}</span>',
-                _e(r.note, limit=500),
+                f'<span class="st {status_cls}">{escape_text(r.status, limit=40)}</span>',
+                escape_text(r.note, limit=500),
             ]
         )
     norm = {"local": "grad norm (own, median)", "reduced": "grad norm (reduced, median)"}.get(
@@ -265,7 +268,7 @@ def _ranks_section(diag: Diagnosis) -> str:
     )
     headers = ["rank", "steps", "last loss", "mean loss", norm, "shape", "status", "note"]
     cls = ["num", "num", "num", "num", "num", "nowrap", "nowrap", ""]
-    return f'<section id="ranks"><h2>Per rank</h2>{_table(headers, rows, cls=cls)}</section>'
+    return f'<section id="ranks"><h2>Per rank</h2>{table_html(headers, rows, cls=cls)}</section>'
 
 
 def _named_step(e: Event) -> int | None:
@@ -278,15 +281,17 @@ def _event_row(e: Event) -> list[str]:
     src = clean(e.source, oneline=True, limit=200) + (f":{e.line}" if e.line is not None else "")
     named = _named_step(e)
     if named is not None and named != e.step:
-        step = f"{named}" + (f' <span class="detail">(logged at {_e(e.step)})</span>' if e.step is not None else "")
+        step = f"{named}" + (
+            f' <span class="detail">(logged at {escape_text(e.step)})</span>' if e.step is not None else ""
+        )
     else:
-        step = _e(fmt_num(e.step))
+        step = escape_text(fmt_num(e.step))
     return [
-        _e(e.kind, limit=40),
-        _e(fmt_num(e.rank)),
+        escape_text(e.kind, limit=40),
+        escape_text(fmt_num(e.rank)),
         step,
-        _e(e.host, limit=80) if e.host else "",
-        f"<code>{_e(e.raw, limit=1000)}</code>",
+        escape_text(e.host, limit=80) if e.host else "",
+        f"<code>{escape_text(e.raw, limit=1000)}</code>",
         escape(src),
     ]
 
@@ -296,7 +301,7 @@ def _events_section(events: list[Event]) -> str:
         return ""
     summary = summarize_events(events, limit=_MAX_EVENT_ROWS)
     counts = ", ".join(
-        f"{_e(kind, limit=40)} {total}" + (f" ({benign} benign)" if benign else "")
+        f"{escape_text(kind, limit=40)} {total}" + (f" ({benign} benign)" if benign else "")
         for kind, total, benign in summary.counts
     )
     more = summary.notable_total - len(summary.notable)
@@ -304,7 +309,7 @@ def _events_section(events: list[Event]) -> str:
         f"; {more} more in the JSON output" if more else ""
     )
     table = (
-        _table(
+        table_html(
             ["kind", "rank", "step", "host", "line", "source"],
             [_event_row(e) for e in summary.notable],
             caption,
@@ -319,7 +324,7 @@ def _events_section(events: list[Event]) -> str:
 def _list_section(heading: str, items: list[str], anchor: str) -> str:
     if not items:
         return ""
-    lis = "".join(f"<li>{_e(x, limit=2000)}</li>" for x in items)
+    lis = "".join(f"<li>{escape_text(x, limit=2000)}</li>" for x in items)
     return f'<section id="{anchor}"><h2>{escape(heading)}</h2><ul>{lis}</ul></section>'
 
 
@@ -329,14 +334,12 @@ def _baseline_section(diag: Diagnosis) -> str:
     cmp = diag.baseline
     if cmp is None:
         return ""
-    from syncdoctor.doctor.baseline import VERDICT_TEXT as BASELINE_TEXT
-
     cls = {"agree": "ok", "better": "ok", "parallel_part": "bad", "not_parallel_part": "warn"}.get(cmp.verdict, "info")
-    items = "".join(f"<li>{_e(line, limit=600)}</li>" for line in cmp.evidence)
+    items = "".join(f"<li>{escape_text(line, limit=600)}</li>" for line in cmp.evidence)
     return (
         '<section id="baseline"><h2>Against the baseline</h2>'
-        f'<p><span class="tag {cls}" id="sd-baseline-verdict">{_e(BASELINE_TEXT.get(cmp.verdict, cmp.verdict))}</span> '
-        f"baseline: <code>{_e(cmp.path, limit=300, oneline=True)}</code></p>"
+        f'<p><span class="tag {cls}" id="sd-baseline-verdict">{escape_text(BASELINE_VERDICT_TEXT.get(cmp.verdict, cmp.verdict))}</span> '
+        f"baseline: <code>{escape_text(cmp.path, limit=300, oneline=True)}</code></p>"
         f"<ul>{items}</ul>{_baseline_chart(cmp)}</section>"
     )
 
@@ -373,8 +376,8 @@ def _baseline_chart(cmp: BaselineComparison) -> str:
         anchor = "end" if x1 > ch.LEFT + ch.PLOT_W * 0.6 else "start"
         dx = -4 if anchor == "end" else 4
         parts.append(
-            f'<line class="div" id="sd-baseline-parting" x1="{ch._f(x1)}" y1="{ch._f(top)}" x2="{ch._f(x1)}" '
-            f'y2="{ch._f(bottom)}"/><text class="divl" x="{ch._f(x1 + dx)}" y="{ch._f(top - 6)}" '
+            f'<line class="div" id="sd-baseline-parting" x1="{ch.coord(x1)}" y1="{ch.coord(top)}" x2="{ch.coord(x1)}" '
+            f'y2="{ch.coord(bottom)}"/><text class="divl" x="{ch.coord(x1 + dx)}" y="{ch.coord(top - 6)}" '
             f'text-anchor="{anchor}">curves part at step {cmp.parted_at_step}</text>'
         )
     parts.append(
@@ -386,7 +389,7 @@ def _baseline_chart(cmp: BaselineComparison) -> str:
     legend = [("line", colours[k], names[k]) for k in curves]
     if cmp.parted_at_step is not None:
         legend.append(("mark", "#c62828", "where the curves part"))
-    return "<h3>Loss: this run and the baseline</h3>" + "".join(parts) + _legend(legend)
+    return "<h3>Loss: this run and the baseline</h3>" + "".join(parts) + legend_html(legend)
 
 
 # --- charts ------------------------------------------------------------------------------------
@@ -447,11 +450,11 @@ def _charts_section(diag: Diagnosis) -> str:
     return "".join(parts)
 
 
-def _legend(items: list[tuple[str, str, str]]) -> str:
+def legend_html(items: list[tuple[str, str, str]]) -> str:
     """(kind, colour, text) → a one-line HTML legend; kind: line | band | mark."""
     out = []
     for kind, colour, text in items:
-        out.append(f'<span class="lg"><i class="{kind}" style="background:{colour}"></i>{_e(text)}</span>')
+        out.append(f'<span class="lg"><i class="{kind}" style="background:{colour}"></i>{escape_text(text)}</span>')
     return f'<p class="legend">{"".join(out)}</p>'
 
 
@@ -464,14 +467,16 @@ def _bracket_svg(diag: Diagnosis, xs: ch.Scale, top: float, bottom: float) -> st
     if diag.last_agree_step is not None:
         x0 = float(xs.px(diag.last_agree_step))
         parts.append(
-            f'<rect class="bracket" x="{ch._f(x0)}" y="{ch._f(top)}" width="{ch._f(max(x1 - x0, 2))}" '
-            f'height="{ch._f(bottom - top)}"><title>replicas parted {escape(bracket_text(diag))}</title></rect>'
+            f'<rect class="bracket" x="{ch.coord(x0)}" y="{ch.coord(top)}" width="{ch.coord(max(x1 - x0, 2))}" '
+            f'height="{ch.coord(bottom - top)}"><title>replicas parted {escape(bracket_text(diag))}</title></rect>'
         )
-    parts.append(f'<line class="div" x1="{ch._f(x1)}" y1="{ch._f(top)}" x2="{ch._f(x1)}" y2="{ch._f(bottom)}"/>')
+    parts.append(
+        f'<line class="div" x1="{ch.coord(x1)}" y1="{ch.coord(top)}" x2="{ch.coord(x1)}" y2="{ch.coord(bottom)}"/>'
+    )
     anchor = "end" if x1 > ch.LEFT + ch.PLOT_W * 0.6 else "start"
     dx = -4 if anchor == "end" else 4
     parts.append(
-        f'<text class="divl" x="{ch._f(x1 + dx)}" y="{ch._f(top - 6)}" text-anchor="{anchor}">'
+        f'<text class="divl" x="{ch.coord(x1 + dx)}" y="{ch.coord(top - 6)}" text-anchor="{anchor}">'
         f"replicas parted {escape(bracket_text(diag))}</text>"
     )
     return "".join(parts)
@@ -515,17 +520,17 @@ def _agreement_chart(diag: Diagnosis, xs: ch.Scale) -> str:
         rgb[grid == code] = colour
     svg = [
         ch.svg_open(height, "replica agreement per check, rank by step"),
-        f'<rect class="frame" x="{ch.LEFT}" y="{top}" width="{ch.PLOT_W}" height="{ch._f(grid_h)}"/>',
+        f'<rect class="frame" x="{ch.LEFT}" y="{top}" width="{ch.PLOT_W}" height="{ch.coord(grid_h)}"/>',
         ch.raster(rgb, ch.LEFT, top, ch.PLOT_W, grid_h),
         ch.rank_labels(ranks, per_row, top, row_h),
-        f'<text class="at" transform="translate(14 {ch._f(top + grid_h / 2)}) rotate(-90)" '
+        f'<text class="at" transform="translate(14 {ch.coord(top + grid_h / 2)}) rotate(-90)" '
         f'text-anchor="middle">rank</text>',
         _bracket_svg(diag, xs, top, top + grid_h),
         ch.x_axis(xs, top + grid_h),
         "</svg>",
     ]
     binned = f" (rows of {per_row} ranks: a row is red when any of its ranks parted)" if per_row > 1 else ""
-    legend = _legend(
+    legend = legend_html(
         [
             ("band", "#4caf50", "agreed with the majority"),
             ("band", "#d32f2f", "parted from it (or, without a majority, every side of the split)"),
@@ -545,33 +550,33 @@ def _span_table(spans: list[AgreementSpan], binned: str) -> str:
             who = fmt_ranks(s.parted)
             if s.no_majority:
                 outcome = (
-                    f'<span class="st bad">{_e(who)} disagree</span>: no majority of the {s.ranks} '
+                    f'<span class="st bad">{escape_text(who)} disagree</span>: no majority of the {s.ranks} '
                     "says which side is right"
                 )
             else:
                 outcome = (
-                    f'<span class="st bad">{_e(who)} parted</span> from the other '
+                    f'<span class="st bad">{escape_text(who)} parted</span> from the other '
                     f"{s.ranks - len(s.parted)} of {s.ranks}"
                 )
         else:
             outcome = f'<span class="st ok">all {s.ranks} agreed</span>'
         if s.missing:
             who = fmt_ranks(s.missing)
-            outcome += f'; <span class="st warn">{_e(who)} did not report</span>'
+            outcome += f'; <span class="st warn">{escape_text(who)} did not report</span>'
         rows.append(
             [
-                _e(steps),
-                _e(s.checks),
+                escape_text(steps),
+                escape_text(s.checks),
                 outcome,
-                _e(", ".join(s.what), limit=200),
-                f"<code>{_e(s.tensor, limit=200)}</code>" if s.tensor else "",
+                escape_text(", ".join(s.what), limit=200),
+                f"<code>{escape_text(s.tensor, limit=200)}</code>" if s.tensor else "",
             ]
         )
     cut = len(spans) - len(shown)
     caption = f"{len(spans)} run{'s' if len(spans) != 1 else ''} of checks with the same outcome{binned}" + (
         f"; {cut} in the middle left out (all in the JSON output)" if cut else ""
     )
-    return _table(
+    return table_html(
         ["steps", "checks", "outcome", "what differed", "first differing tensor"],
         rows,
         caption,
@@ -631,7 +636,7 @@ def _loss_chart(diag: Diagnosis, loss: dict[int, tuple[np.ndarray, np.ndarray]],
     down = any(s.size > 2 * ch.PLOT_W for s, _ in loss.values())
     note = " (min and max per pixel column, so spikes stay visible)" if down else ""
     kind = "min–max envelope" if envelope else "one line per rank"
-    return f"<h3>Loss per rank: {kind}{note}</h3>" + "".join(parts) + _legend(legend)
+    return f"<h3>Loss per rank: {kind}{note}</h3>" + "".join(parts) + legend_html(legend)
 
 
 def _envelope(
@@ -733,7 +738,7 @@ def _grad_lines(grad: dict[int, tuple[np.ndarray, np.ndarray]], xs: ch.Scale) ->
             )
         legend.append(("line", colour, f"rank {rank}"))
     parts += [ch.x_axis(xs, bottom), "</svg>"]
-    return "".join(parts) + _legend(legend)
+    return "".join(parts) + legend_html(legend)
 
 
 def _grad_grid(diag: Diagnosis, grad: dict[int, tuple[np.ndarray, np.ndarray]], xs: ch.Scale) -> str:
@@ -770,9 +775,9 @@ def _grad_grid(diag: Diagnosis, grad: dict[int, tuple[np.ndarray, np.ndarray]], 
     svg = [
         ch.svg_open(height, "gradient norm, rank by step"),
         ch.raster(rgb, ch.LEFT, top, ch.PLOT_W, grid_h),
-        f'<rect class="frame" x="{ch.LEFT}" y="{top}" width="{ch.PLOT_W}" height="{ch._f(grid_h)}"/>',
+        f'<rect class="frame" x="{ch.LEFT}" y="{top}" width="{ch.PLOT_W}" height="{ch.coord(grid_h)}"/>',
         ch.rank_labels(ranks, per_row, top, row_h),
-        f'<text class="at" transform="translate(14 {ch._f(top + grid_h / 2)}) rotate(-90)" text-anchor="middle">rank</text>',
+        f'<text class="at" transform="translate(14 {ch.coord(top + grid_h / 2)}) rotate(-90)" text-anchor="middle">rank</text>',
         ch.x_axis(xs, top + grid_h),
         "</svg>",
     ]
@@ -785,7 +790,7 @@ def _grad_grid(diag: Diagnosis, grad: dict[int, tuple[np.ndarray, np.ndarray]], 
     return "".join(svg) + scale
 
 
-_CSS = """
+CSS = """
 .sdr{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1200px;padding:0 16px 48px;color:#1d2330}
 .sdr h1{font-size:22px;margin:18px 0 6px}.sdr h2{font-size:18px;border-bottom:1px solid #d8dce5;padding-bottom:4px;margin-top:28px}
 .sdr h3{font-size:15px;margin:18px 0 6px}.sdr h4{font-size:13px;margin:10px 0 4px;text-transform:uppercase;color:#5a6475}

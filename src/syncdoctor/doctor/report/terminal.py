@@ -8,18 +8,23 @@ which rich never parses for markup, so a log line holding ``[bold]`` or
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rich.console import Console, Group, JustifyMethod
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from syncdoctor.doctor.model import Diagnosis, Event, Finding, RankSummary
+from syncdoctor.doctor.model import (
+    BASELINE_VERDICT_TEXT,
+    VERDICT_TEXT,
+    BaselineComparison,
+    Diagnosis,
+    Event,
+    Finding,
+    RankSummary,
+)
 from syncdoctor.doctor.report.common import (
     SHAPE_STYLE,
     VERDICT_STYLE,
-    VERDICT_TEXT,
     bracket_text,
     clean,
     fmt_num,
@@ -28,9 +33,6 @@ from syncdoctor.doctor.report.common import (
     summarize_events,
 )
 from syncdoctor.rulebook import fmt_ranks
-
-if TYPE_CHECKING:  # imported where used: only a run with a baseline needs it
-    from syncdoctor.doctor.baseline import BaselineComparison
 
 _MAX_RANK_ROWS = 32  # beyond this, show only ranks that need attention
 _MAX_EVENTS = 8
@@ -101,12 +103,10 @@ _SHAPE_LINES = ("this run's loss shape:", "the baseline's loss shape:")
 
 def _baseline(cmp: BaselineComparison) -> Group:
     """The comparison with a baseline run: its verdict, then the evidence lines."""
-    from syncdoctor.doctor.baseline import VERDICT_TEXT as BASELINE_TEXT
-
     lines: list[Text] = [
         Text.assemble(
             _t("Against the baseline ", "bold"),
-            _t(BASELINE_TEXT.get(cmp.verdict, cmp.verdict), f"bold {_BASELINE_STYLE.get(cmp.verdict, '')}"),
+            _t(BASELINE_VERDICT_TEXT.get(cmp.verdict, cmp.verdict), f"bold {_BASELINE_STYLE.get(cmp.verdict, '')}"),
             _t("  " + clean(cmp.path, oneline=True, limit=120), "dim"),
         )
     ]

@@ -1,17 +1,13 @@
-"""The rule registry: every module in this package named sdNNN_*.py holds one rule."""
+"""The rule registry: every module in this package named sdNNN_*.py holds one rule
+(rulebook.Registry, the same shape as preflight/checks/)."""
 
 from __future__ import annotations
 
-import sys
-from functools import cache
-
 from syncdoctor.doctor.rules.base import Rule
-from syncdoctor.rulebook import discover
+from syncdoctor.rulebook import Registry
 
+RULES: Registry[Rule] = Registry(__name__, Rule)
+all_rules = RULES.all
+get_rule = RULES.get
 
-@cache
-def all_rules() -> list[type[Rule]]:
-    return discover(sys.modules[__name__], Rule)
-
-
-__all__ = ["Rule", "all_rules"]
+__all__ = ["RULES", "Rule", "all_rules", "get_rule"]

@@ -5,9 +5,9 @@ import polars as pl
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding, LossShape
+from syncdoctor.doctor.rules._thresholds import BLOW_UP
 from syncdoctor.doctor.rules.base import Rule
 
-BLOW_UP = 5.0  # the peak over the starting loss that healthy training never reaches
 STILL_LEARNING = 0.05  # the last quarter's second half 5 % below its first half: still learning
 
 
@@ -34,23 +34,23 @@ class TrainDivergence(Rule):
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        shape = ev.mean_shape
-        if shape is None or ev.divergence is not None:
+        shape = ev.loss.mean_shape
+        if shape is None or ev.replicas.divergence is not None:
             return None  # no curve, or replicas parted: the sync rules explain it
         why_bad = self._bad_curve(ev, shape)
         if why_bad is None:
             return None
-        healthy = [s.rank for s in ev.rank_shapes if s.shape == "decreasing"]
-        if healthy and len(ev.rank_shapes) > 1:
+        healthy = [s.rank for s in ev.loss.rank_shapes if s.shape == "decreasing"]
+        if healthy and len(ev.loss.rank_shapes) > 1:
             return None  # some ranks learn normally: not a global training problem
-        rank_shapes = {s.shape for s in ev.rank_shapes}
+        rank_shapes = {s.shape for s in ev.loss.rank_shapes}
         if ev.has_records:
             confidence = 0.9
             why = "replicas stayed bitwise identical (parameters, optimizer state) while the loss went wrong"
-        elif len(ev.rank_shapes) > 1 and len(rank_shapes) <= 2:
+        elif len(ev.loss.rank_shapes) > 1 and len(rank_shapes) <= 2:
             confidence = 0.7
-            why = f"all {len(ev.rank_shapes)} ranks' curves go wrong the same way"
-        elif len(ev.rank_shapes) == 1:
+            why = f"all {len(ev.loss.rank_shapes)} ranks' curves go wrong the same way"
+        elif len(ev.loss.rank_shapes) == 1:
             confidence = 0.5
             why = "only one rank's loss is known"
         else:

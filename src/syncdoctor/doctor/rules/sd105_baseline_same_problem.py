@@ -35,9 +35,11 @@ class BaselineSameProblem(Rule):
         if cmp is None or cmp.verdict != "not_parallel_part":
             return None
         evidence = [f"baseline {cmp.path}: {cmp.summary}", *cmp.evidence]
-        if ev.divergence is not None:
+        if ev.replicas.divergence is not None:
             # The replicas did part: a sync cause is real too and ranks first.
-            evidence.insert(1, f"but this run's replicas parted at step {ev.divergence.step}: a sync cause as well")
+            evidence.insert(
+                1, f"but this run's replicas parted at step {ev.replicas.divergence.step}: a sync cause as well"
+            )
             return self.found(0.5, evidence, severity="warning", step=cmp.parted_at_step)
         # The comparison observed the cause's absence directly: the same recipe
         # without the parallel part fails the same way.

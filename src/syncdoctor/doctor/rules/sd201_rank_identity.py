@@ -59,7 +59,7 @@ class DuplicateRankIdentity(Rule):
                 evidence.append(f"the sampler/shard rank is {shard} on {fmt_ranks(owners)}")
                 ranks.update(owners)
                 confidence = max(confidence, 0.9)
-        fraction, groups = ev.duplicate_batches
+        fraction, groups = ev.data.duplicate_batches
         partial = [g for g in groups if ev.world_size and len(g) < ev.world_size]
         if fraction > 0.5 and (partial or confidence):
             group = partial[0] if partial else groups[0]
@@ -72,7 +72,7 @@ class DuplicateRankIdentity(Rule):
             else:
                 confidence = max(confidence, 0.8 if partial else 0.6)
         if not ev.has_records:
-            for group in ev.same_data_groups:
+            for group in ev.loss.same_data_groups:
                 evidence.append(
                     f"{fmt_ranks(group)}: per-step losses move together far beyond chance (the same batches on each)"
                 )

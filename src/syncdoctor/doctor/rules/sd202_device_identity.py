@@ -62,7 +62,7 @@ class DeviceCollision(Rule):
                     evidence.append(f"{var}={value} on {fmt_ranks(owners)} of host {host or '?'}")
                     ranks.update(owners)
         shared: dict[str, set[int]] = defaultdict(set)
-        for event in ev.events_of("configuration"):
+        for event in ev.events.of("configuration"):
             low = event.raw.lower()
             if any(word in low for word in _DEVICE_WORDS) and not any(w in low for w in _NOT_DEVICE):
                 evidence.append(f"{event.source}:{event.line}: {event.raw[:200]}")

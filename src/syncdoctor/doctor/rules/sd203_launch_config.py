@@ -66,7 +66,7 @@ class LaunchConfiguration(Rule):
         # Launchers retry their first connections while the others start (msrun,
         # torchrun): a job that went on to train got through, and those lines were noise.
         trained = ev.has_records or ev.losses.height > 0
-        for event in ev.events_of("configuration"):
+        for event in ev.events.of("configuration"):
             low = event.raw.lower()
             word = next((w for w in _LAUNCH_WORDS if w in low), None)
             if word is None or (trained and word in _TRANSIENT):
@@ -75,7 +75,7 @@ class LaunchConfiguration(Rule):
             hits.append((meaning, f"{event.source}:{event.line}: {event.raw[:200]}"))
             if event.rank is not None:
                 ranks.add(event.rank)
-        size = ev.log_partings.get("size")
+        size = ev.settings.log_partings.get("size")
         if size is not None:
             hits.append(
                 (

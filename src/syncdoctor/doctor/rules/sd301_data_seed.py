@@ -30,8 +30,8 @@ class UnseededShuffle(Rule):
     title = "Shards overlap: ranks shuffle with different seeds"
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        overlap = ev.sample_overlap
-        fraction, _ = ev.duplicate_batches
+        overlap = ev.data.sample_overlap
+        fraction, _ = ev.data.duplicate_batches
         if overlap is None or fraction > 0.5 or overlap["cross_overlap"] < 0.02:
             return None
         evidence = [

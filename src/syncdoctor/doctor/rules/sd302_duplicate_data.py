@@ -28,7 +28,7 @@ class UnshardedData(Rule):
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        fraction, groups = ev.duplicate_batches
+        fraction, groups = ev.data.duplicate_batches
         world = ev.world_size or 0
         replicas = {(info or {}).get("num_replicas") for info in ev.snapshot_values("loader").values()}
         if ev.has_records:
@@ -41,7 +41,7 @@ class UnshardedData(Rule):
                 evidence.append("the loader reports no sharding (num_replicas=1)")
                 return self.found(0.9, evidence, ranks=ev.ranks)
             return self.found(0.5, evidence, ranks=ev.ranks)
-        whole = [g for g in ev.same_data_groups if world and len(g) == world]
+        whole = [g for g in ev.loss.same_data_groups if world and len(g) == world]
         if whole:
             return self.found(
                 0.6 if world > 2 else 0.5,
@@ -69,15 +69,17 @@ class UnshardedData(Rule):
             "every rank's RANK is distinct: the data shard each rank reads is computed wrong "
             "(several ranks map to one shard, others are never read)",
         ]
-        if ev.mesh:
+        if ev.placement.mesh:
             from syncdoctor.probe.core.mesh import coordinate_of
 
-            coords = [coordinate_of(r, ev.mesh) for r in groups[0]]
-            apart = [d for d in ev.mesh["dim_names"] if len({c.get(d) for c in coords}) > 1]
+            coords = [coordinate_of(r, ev.placement.mesh) for r in groups[0]]
+            apart = [d for d in ev.placement.mesh["dim_names"] if len({c.get(d) for c in coords}) > 1]
             if apart:
                 evidence.insert(
                     0,
                     f"ranks that differ only in mesh dimension {', '.join(apart)} read the same "
                     f"batches, though that dimension shards the data",
                 )
-        return self.found(0.75, evidence, ranks=sorted({r for g in groups for r in g}), step=ev.first_duplicate_step)
+        return self.found(
+            0.75, evidence, ranks=sorted({r for g in groups for r in g}), step=ev.data.first_duplicate_step
+        )

@@ -29,14 +29,14 @@ class ShuffleAfterShard(Rule):
     title = "Shuffle after shard: every rank reads a fixed slice of the data"
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        overlap = ev.sample_overlap
+        overlap = ev.data.sample_overlap
         if overlap is None or overlap["same_subset"] < 0.95 or overlap["cross_overlap"] > 0.02:
             return None
         evidence = [
             f"every rank read the same set of samples in epoch 2 as in epoch 1 (Jaccard ≥ "
             f"{overlap['same_subset']:.2f}); a shuffle before sharding would give a new subset each epoch"
         ]
-        offsets = ev.offsets
+        offsets = ev.loss.offsets
         if offsets is not None:
             steady = [r for r, t in offsets.t_stat.items() if abs(t) > 6 and offsets.same_sign[r] >= 0.9]
             if steady:

@@ -62,7 +62,9 @@ class UnevenShards(Rule):
                 confidence = 0.6
         counts = ev.step_counts
         # A crash or a skipped update also leaves ranks at different counts; those have their own rules.
-        explained = ev.first_failure is not None or (ev.divergence is not None and "counter" in ev.divergence.what)
+        explained = ev.events.first_failure is not None or (
+            ev.replicas.divergence is not None and "counter" in ev.replicas.divergence.what
+        )
         if not explained and len(counts) > 1 and len(set(counts.values())) > 1 and self._beyond_one_print(ev, counts):
             lo, hi = min(counts.values()), max(counts.values())
             short = [r for r, n in counts.items() if n == lo]
@@ -75,13 +77,15 @@ class UnevenShards(Rule):
             # alike until the longer shard's extra batches meet no partner.
             evidence.append("the ranks' shards hold different numbers of samples: " + describe_split(shard_sizes))
             ranks.update(agreement(shard_sizes).odd)
-            confidence = max(confidence, 0.75 if len(evidence) > 1 or ev.first_failure or ev.ended_early else 0.65)
+            confidence = max(
+                confidence, 0.75 if len(evidence) > 1 or ev.events.first_failure or ev.events.ended_early else 0.65
+            )
         drop = {(info or {}).get("drop_last") for info in ev.snapshot_values("loader").values()}
         if False in drop and evidence:
             evidence.append("the loader does not drop the last partial batch (drop_last=False)")
             confidence += 0.15
         finished = [r for r, end in (ev.records.ends.items() if ev.records else []) if end.get("status") == "ok"]
-        stuck: Sequence[int | None] = ev.ended_early or [c.get("rank") for c in ev.incomplete_checks]
+        stuck: Sequence[int | None] = ev.events.ended_early or [c.get("rank") for c in ev.replicas.incomplete_checks]
         if evidence and finished and stuck:
             evidence.append(
                 f"{fmt_ranks(finished)} finished while {fmt_ranks(set(stuck))} waited on a collective nobody else made"

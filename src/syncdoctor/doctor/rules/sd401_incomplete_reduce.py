@@ -31,10 +31,10 @@ class IncompleteReduce(Rule):
     title = "Gradient all-reduce incomplete: ranks apply different gradients"
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        div = ev.divergence
+        div = ev.replicas.divergence
         if div is None or "counter" in div.what or "mode" in div.what:
             return None
-        if ev.overflow_disagreement:
+        if ev.numerics.overflow_disagreement:
             return None  # a rank zeroed its overflowed gradients: the overflow rule owns it
         if "grad" not in div.what:
             return self._unmeasured(ev, div)
@@ -44,19 +44,19 @@ class IncompleteReduce(Rule):
         ]
         if div.tensor:
             evidence.append(f"first differing tensor: {div.tensor}")
-        if ev.unreduced_ranks:
+        if ev.reduce.unreduced_ranks:
             evidence.append(
-                f"{fmt_ranks(ev.unreduced_ranks)}: post-reduce gradient norm equals the local one "
+                f"{fmt_ranks(ev.reduce.unreduced_ranks)}: post-reduce gradient norm equals the local one "
                 "(ratio 1.0): its gradients were not averaged with anyone"
             )
         comm = [
-            e for e in ev.events_of("retry", "timeout", "watchdog", "network") if e.step is None or e.step <= div.step
+            e for e in ev.events.of("retry", "timeout", "watchdog", "network") if e.step is None or e.step <= div.step
         ]
         for event in comm[:3]:
             evidence.append(f"before the divergence: {event.source}:{event.line}: {event.raw[:160]}")
         # The rank whose gradients came out of the reduce untouched is the one left out:
         # evidence that names it even where no majority could (two ranks).
-        ranks = [r for r in ev.unreduced_ranks if r in div.ranks]
+        ranks = [r for r in ev.reduce.unreduced_ranks if r in div.ranks]
         if not ranks or len(ranks) == len(div.ranks):
             # Every rank averaged alone (two ranks): the one whose link failed before the
             # divergence is the one left out.
@@ -72,9 +72,9 @@ class IncompleteReduce(Rule):
         if (
             "param" not in div.what
             or "config" in div.what
-            or ev.hyperparameter_drift is not None
+            or ev.settings.hyperparameter_drift is not None
             or div.step == first_step
-            or ev.agree_after("grad", div.step) is not None
+            or ev.replicas.agree_after("grad", div.step) is not None
             or ev.differing("optimizer", "param_groups")
             or ev.differing("loss", "params")
         ):

@@ -46,8 +46,8 @@ class StepMisalignment(Rule):
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        div = ev.divergence
-        micro = ev.micro_by_rank
+        div = ev.replicas.divergence
+        micro = ev.replicas.micro_by_rank
         uneven_micro = len(set(micro.values())) > 1
         if not (div and "counter" in div.what) and not uneven_micro:
             return self._from_logs(ev) if not ev.has_records else None
@@ -55,7 +55,7 @@ class StepMisalignment(Rule):
         ranks = set(div.ranks if div else [])
         step = div.step if div else None
         if div and "counter" in div.what:
-            table = ev.counter_table
+            table = ev.replicas.counter_table
             parts = [
                 f"{name} {describe_split(table[name])}"
                 for name in ("micro", "backward", "opt_steps")
@@ -80,11 +80,11 @@ class StepMisalignment(Rule):
             evidence.append(f"parameters/optimizer state part at step {div.step}")
         elif div:
             evidence.append("parameters stay identical: the extra work is silent (only counters reveal it)")
-        confidence = 0.6 if ev.overflow_disagreement else 0.9
+        confidence = 0.6 if ev.numerics.overflow_disagreement else 0.9
         return self.found(confidence, evidence, ranks=sorted(ranks), step=step, tensor=div.tensor if div else None)
 
     def _from_logs(self, ev: Evidence) -> Finding | None:
-        p = ev.log_partings.get("counter")
+        p = ev.settings.log_partings.get("counter")
         if p is None:
             return self._hung_apart(ev)
         return self.found(
@@ -108,7 +108,7 @@ class StepMisalignment(Rule):
         """A hang read as who waited for whom: the ranks stopped at steps further apart
         than one print interval before their first timeout. The rank behind is where the
         job stopped; the others' timeouts are the consequence."""
-        picture = ev.hang_picture
+        picture = ev.events.hang_picture
         if not picture:
             return None
         last = {r: info["last_step"] for r, info in picture.items()}

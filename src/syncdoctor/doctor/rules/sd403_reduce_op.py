@@ -31,7 +31,7 @@ class SummedGradients(Rule):
         means = ev.snapshot_values("ddp", "gradients_mean")
         if any(v is False for v in means.values()):
             return self.found(0.95, ["parallel context: gradients_mean=False"], ranks=ev.ranks)
-        excess = ev.reduce_excess
+        excess = ev.reduce.excess
         if excess is None or excess["above_one"] < 0.3:
             return None
         return self.found(

@@ -63,7 +63,7 @@ class CollectiveMismatch(Rule):
     def evaluate(self, ev: Evidence) -> Finding | None:
         hits = [
             e
-            for e in ev.real_events
+            for e in ev.events.real
             if e.kind in ("mismatch", "crash", "configuration") and any(w in e.raw.lower() for w in _CONTROL_FLOW)
         ]
         if not hits:

@@ -35,9 +35,9 @@ class ReplicaMismatchReported(Rule):
     sources = ("logs",)
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        if ev.divergence is not None:
+        if ev.replicas.divergence is not None:
             return None  # records already pin it down
-        hits = [e for e in ev.real_events if e.kind == "mismatch" and _MISMATCH.search(e.raw)]
+        hits = [e for e in ev.events.real if e.kind == "mismatch" and _MISMATCH.search(e.raw)]
         if not hits:
             return None
         ranks = sorted({int(r) for e in hits for r in re.findall(r"rank\s*(\d+)", e.raw, re.I)})

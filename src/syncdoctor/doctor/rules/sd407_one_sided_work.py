@@ -36,10 +36,10 @@ class OneSidedWorkBeforeTimeout(Rule):
     sources = ("logs",)
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        waits = [e for e in ev.events_of("watchdog", "timeout") if e.line is not None]
-        if not waits or first_process_failure(ev.events) is not None:
+        waits = [e for e in ev.events.of("watchdog", "timeout") if e.line is not None]
+        if not waits or first_process_failure(ev.events.all) is not None:
             return None
-        if ev.events_of("network", "configuration", "oom", "crash"):
+        if ev.events.of("network", "configuration", "oom", "crash"):
             return None  # a link or set-up error, or a crash, explains the wait better
         first = min(waits, key=lambda e: (e.t is None, e.t or 0.0, e.source, e.line or 0))
         work = one_sided_work_before(first.source, first.line or 0)

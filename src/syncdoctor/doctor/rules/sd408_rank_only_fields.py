@@ -34,7 +34,7 @@ class RankOnlyFields(Rule):
     sources = ("logs",)
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        keys = ev.rank_only_keys
+        keys = ev.settings.rank_only_keys
         if not keys or ev.has_records:
             return None
         first = keys[0]

@@ -51,7 +51,7 @@ class UncoveredGradients(Rule):
             + (f" (first: {first})" if first else "")
             + ": they required no gradient, or did not exist, when the wrapper was built"
         ]
-        div = ev.divergence
+        div = ev.replicas.divergence
         if div is not None and div.step >= step:
             evidence.append(f"the replicas part at step {div.step}, where those gradients were seen or after")
         return self.found(0.92, evidence, ranks=ranks, step=step, tensor=first)

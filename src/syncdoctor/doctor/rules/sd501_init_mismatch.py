@@ -35,11 +35,11 @@ class InitMismatch(Rule):
     def evaluate(self, ev: Evidence) -> Finding | None:
         evidence = []
         ranks: list[int] = []
-        initial = ev.initial_weights()
+        initial = ev.replicas.initial_weights()
         init = initial is not None and initial[1] > 1
         if initial is not None and init:
             odd, distinct, compared = initial
-            where = " within replica groups" if ev.replica else ""
+            where = " within replica groups" if ev.placement.replica else ""
             evidence.append(
                 f"parameters differ before the first update{where}: {distinct} distinct initial "
                 f"weights across {compared} ranks (fingerprinted when the probe attached)"
@@ -47,7 +47,7 @@ class InitMismatch(Rule):
             ranks = odd
         elif initial is not None and initial[2] == len(ev.snapshots):
             return None  # every rank started from the same weights: whatever parted came later
-        div = ev.divergence
+        div = ev.replicas.divergence
         first_step = int_of(ev.steps["step"].min()) if ev.has_records else None
         if not init and div and "param" in div.what and "counter" not in div.what and div.step == first_step:
             if ev.differing("optimizer", "param_groups") or ev.differing("loss", "params"):

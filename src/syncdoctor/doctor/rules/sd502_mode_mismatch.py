@@ -29,7 +29,7 @@ class ModeMismatch(Rule):
     title = "Train/eval mode differs across ranks"
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        div = ev.divergence
+        div = ev.replicas.divergence
         if not ev.has_records or "train_mode" not in ev.steps.columns:
             return None
         modes = ev.steps.filter(pl.col("train_mode").is_not_null())

@@ -26,7 +26,7 @@ class BufferDivergence(Rule):
     title = "BatchNorm buffers diverge across ranks"
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        div = ev.divergence
+        div = ev.replicas.divergence
         if div and "buffer" in div.what and not ({"param", "counter", "mode"} & set(div.what)):
             return self.found(
                 0.9,
@@ -36,11 +36,11 @@ class BufferDivergence(Rule):
             )
         broadcast = ev.snapshot_values("ddp", "broadcast_buffers")
         if (
-            ev.unsynced_buffers_differ
+            ev.buffers.unsynced_differ
             and any(v is False for v in broadcast.values())
             and not (div and {"param", "counter", "mode"} & set(div.what))
         ):
-            step = ev.first_unsynced_buffer_step
+            step = ev.buffers.first_unsynced_step
             return self.found(
                 0.85,
                 [

@@ -36,10 +36,10 @@ class RebuiltStateMismatch(Rule):
     title = "A rebuilt model resumed from different state on different ranks"
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        div = ev.divergence
+        div = ev.replicas.divergence
         if div is None or not div.what or "counter" in div.what or "config" in div.what:
             return None
-        rebuilt = ev.rebuilt_within(div.last_agree_step, div.step)
+        rebuilt = ev.events.rebuilt_within(div.last_agree_step, div.step)
         if rebuilt is None:
             return None
         parted = ", ".join(LABELS.get(w, w) for w in div.what)

@@ -53,9 +53,9 @@ class OptimizerStateMismatch(Rule):
                 "optimizer hyperparameters differ at start (snapshot before step 1): "
                 + "; ".join(hyperparameter_differences(groups))
             )
-        div = ev.divergence
+        div = ev.replicas.divergence
         # A schedule ticks per update: ranks out of step show other learning rates too.
-        drift = ev.hyperparameter_drift if not (div and "counter" in div.what) else None
+        drift = ev.settings.hyperparameter_drift if not (div and "counter" in div.what) else None
         if drift is not None and not groups:
             evidence.append(
                 f"the learning rate differs across ranks from step {drift[0]}: "
@@ -72,7 +72,7 @@ class OptimizerStateMismatch(Rule):
             and {"param", "opt"} & set(div.what)
             and not ({"grad", "counter", "mode", "buffer"} & set(div.what))
             and div.step != first_step
-            and ev.agree_after("grad", div.step) is True
+            and ev.replicas.agree_after("grad", div.step) is True
         )
         if state_only and div is not None:
             evidence.append(
@@ -81,7 +81,7 @@ class OptimizerStateMismatch(Rule):
             )
         if not evidence:
             return None
-        if ev.overflow_disagreement:
+        if ev.numerics.overflow_disagreement:
             return None
         direct = bool(groups or kinds or counts or drift)
         differing = groups or kinds or counts or (drift[1] if drift else {})
@@ -102,12 +102,12 @@ class OptimizerStateMismatch(Rule):
 
     def _from_logs(self, ev: Evidence) -> Finding | None:
         """The ranks' logs print an optimizer value that differs at the same step."""
-        partings = ev.log_partings
+        partings = ev.settings.log_partings
         p = partings.get("optim")
         learned = p is None
         if p is None:
             p = partings.get("learned")
-        if p is None or ev.overflow_disagreement:
+        if p is None or ev.numerics.overflow_disagreement:
             return None
         counter = partings.get("counter")
         evidence = [

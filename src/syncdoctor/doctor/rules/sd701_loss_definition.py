@@ -2,15 +2,10 @@ from __future__ import annotations
 
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.rules._thresholds import OFFSET_MIN, OFFSET_SAME_SIDE, OFFSET_T
 from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.records.compare import describe_split, majority_outliers
 from syncdoctor.rulebook import fmt_ranks
-
-# In some window of consecutive steps: |t| of the mean offset, the share of steps on
-# the same side, and the size, that ranks reading different data do not reach by chance.
-OFFSET_T = 6.0
-OFFSET_SAME_SIDE = 0.9
-OFFSET_MIN = 0.03
 
 
 class LossDefinitionMismatch(Rule):
@@ -49,7 +44,7 @@ class LossDefinitionMismatch(Rule):
                 ranks=majority_outliers({r: repr(v) for r, v in params.items()}),
                 direct=True,
             )
-        offsets = ev.offsets
+        offsets = ev.loss.offsets
         if offsets is None:
             return None
         types = ev.snapshot_values("loss", "type")
@@ -58,7 +53,7 @@ class LossDefinitionMismatch(Rule):
             # comes from the data. Without a recorded module (a loss computed inside the
             # model, a smoother outside it) the snapshots prove nothing about the loss.
             return None
-        if ev.divergence is not None and ({"mode", "param", "counter"} & set(ev.divergence.what)):
+        if ev.replicas.divergence is not None and ({"mode", "param", "counter"} & set(ev.replicas.divergence.what)):
             return None  # parted replicas or modes explain offsets better
         odd = [
             r
@@ -78,7 +73,7 @@ class LossDefinitionMismatch(Rule):
             f"same-step spread is {offsets.spread:.1%} of the loss; ranks on different data scatter "
             "around the mean instead",
         ]
-        if ev.has_records and ev.divergence is None:
+        if ev.has_records and ev.replicas.divergence is None:
             evidence.append("replicas stayed identical: the difference is in how the loss is computed")
         return self.found(
             0.8 if ev.has_records else 0.65,

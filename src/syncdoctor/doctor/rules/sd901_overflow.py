@@ -35,18 +35,18 @@ class OverflowDisagreement(Rule):
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        disagree = ev.overflow_disagreement
+        disagree = ev.numerics.overflow_disagreement
         if disagree:
             step, ranks = disagree[0]
             evidence = [
                 f"at step {step} {fmt_ranks(ranks)} skipped the update for overflow and the others did not"
                 f" ({len(disagree)} such steps)"
             ]
-            div = ev.divergence
+            div = ev.replicas.divergence
             if div and div.step >= step:
                 evidence.append(f"replicas part at step {div.step}, after the first disagreement")
             return self.found(0.95, evidence, ranks=ranks, step=step)
-        p = ev.log_partings.get("scale")
+        p = ev.settings.log_partings.get("scale")
         if p is not None:
             return self.found(
                 0.9,
@@ -61,10 +61,10 @@ class OverflowDisagreement(Rule):
                 direct=True,
             )
         steps = ev.steps.height if ev.has_records else 0
-        if steps and ev.overflow_steps > 0.2 * steps / max(1, len(ev.ranks)):
+        if steps and ev.numerics.overflow_steps > 0.2 * steps / max(1, len(ev.ranks)):
             return self.found(
                 0.5,
-                [f"{ev.overflow_steps} overflow skips over {steps} rank-steps"],
+                [f"{ev.numerics.overflow_steps} overflow skips over {steps} rank-steps"],
                 ranks=ev.ranks,
                 severity="warning",
                 title="Frequent fp16 overflow",

@@ -31,7 +31,7 @@ class Fp16WithoutLossScaling(Rule):
     title = "float16 gradients without loss scaling"
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        if not ev.has_records or ev.overflow_disagreement:
+        if not ev.has_records or ev.numerics.overflow_disagreement:
             return None
         evidence = []
         declared = {r for r, v in ev.snapshot_values("ddp", "grad_dtype").items() if v in ("float16", "fp16")}

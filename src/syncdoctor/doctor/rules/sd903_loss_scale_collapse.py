@@ -50,7 +50,7 @@ class LossScaleCollapse(Rule):
         at_minimum = None
         worst_ratio: tuple[float, int, int] | None = None
         first_line = None
-        for event in ev.events_of("overflow"):
+        for event in ev.events.of("overflow"):
             step = loss_scale(event.raw)
             if step is None:
                 continue

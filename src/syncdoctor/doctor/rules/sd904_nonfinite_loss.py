@@ -63,8 +63,8 @@ class NonfiniteLoss(Rule):
                 "the whole job (step size, precision), not one rank's"
             )
             confidence = 0.6
-        if ev.overflow_steps:
-            evidence.append(f"{ev.overflow_steps} steps were skipped for overflow by the loss scaler")
+        if ev.numerics.overflow_steps:
+            evidence.append(f"{ev.numerics.overflow_steps} steps were skipped for overflow by the loss scaler")
             confidence = max(confidence, 0.8)
         return self.found(
             confidence,
@@ -72,5 +72,5 @@ class NonfiniteLoss(Rule):
             ranks=first if len(first) < len(ranks_with_loss) else ranks_with_loss,
             step=first_step,
             title=f"Loss became {what} at step {first_step} on {fmt_ranks(first)}",
-            severity="error" if finite_peers or ev.overflow_steps else "warning",
+            severity="error" if finite_peers or ev.numerics.overflow_steps else "warning",
         )

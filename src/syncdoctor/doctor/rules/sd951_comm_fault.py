@@ -39,14 +39,14 @@ class CommunicationFault(Rule):
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         # A timeout that was retried or reconnected is a retry: the job went on.
-        hard = [e for e in ev.events_of("timeout", "watchdog", "network") if not _is_retry(e.raw)]
-        retries = [e for e in ev.events_of("retry", "timeout", "network") if _is_retry(e.raw)]
+        hard = [e for e in ev.events.of("timeout", "watchdog", "network") if not _is_retry(e.raw)]
+        retries = [e for e in ev.events.of("retry", "timeout", "network") if _is_retry(e.raw)]
         if (
             hard
             and ev.records is not None
             and ev.records.ends
             and all(end.get("status") == "ok" for end in ev.records.ends.values())
-            and not ev.ended_early
+            and not ev.events.ended_early
         ):
             retries, hard = hard + retries, []  # every rank finished: they did not stop the job
         if not hard and not retries:
@@ -73,13 +73,13 @@ class CommunicationFault(Rule):
                     f"{fmt_ranks(finished)} finished normally while the others still waited for "
                     "them: the ranks did not make the same number of collectives"
                 )
-            picture = ev.hang_picture
+            picture = ev.events.hang_picture
             quiet = [r for r, i in picture.items() if i["wait"] is None and not i["ended"]]
             if quiet and not finished and len(set(i["last_step"] for i in picture.values())) == 1:
                 # From logs: a rank at the same step that never waited nor failed left
                 # the loop normally; the closed connection followed (SD402 says so).
                 confidence = min(confidence, 0.6)
-            crashed_first = first_process_failure(ev.events)
+            crashed_first = first_process_failure(ev.events.all)
             if crashed_first is not None:
                 confidence = 0.45  # a peer died first: the timeouts are its consequence
                 evidence.append(
@@ -97,7 +97,7 @@ class CommunicationFault(Rule):
             ranks=sorted({e.rank for e in retries if e.rank is not None}),
             step=retries[0].step,
             # Retries matter when replicas part; in a healthy run they are a note.
-            severity="warning" if ev.divergence else "info",
+            severity="warning" if ev.replicas.divergence else "info",
             title="Communication retries",
         )
 
@@ -107,7 +107,7 @@ class CommunicationFault(Rule):
             return sorted(
                 r
                 for r, end in ev.records.ends.items()
-                if end.get("status") == "ok" and not any(c.get("rank") == r for c in ev.incomplete_checks)
+                if end.get("status") == "ok" and not any(c.get("rank") == r for c in ev.replicas.incomplete_checks)
             )
         return []
 

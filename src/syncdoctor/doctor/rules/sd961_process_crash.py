@@ -37,15 +37,15 @@ class ProcessCrash(Rule):
     sources = ("records", "logs")
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        first = first_process_failure(ev.events)
-        if first is None and ev.first_failure is not None:
+        first = first_process_failure(ev.events.all)
+        if first is None and ev.events.first_failure is not None:
             # a crash after the first timeout: likely a consequence of it
-            first = ev.first_failure
+            first = ev.events.first_failure
             consequence = True
         else:
             consequence = False
         if first is None:
-            early = [r for r in ev.ended_early if r not in {e.rank for e in ev.real_events}]
+            early = [r for r in ev.events.ended_early if r not in {e.rank for e in ev.events.real}]
             if ev.records is not None and early and len(early) < len(ev.ranks):
                 return self.found(
                     0.55,
@@ -78,7 +78,7 @@ class ProcessCrash(Rule):
             evidence = [f"first failure: {who}: {first.source}:{first.line}: {first.raw[:200]}"]
         if consequence:
             evidence.append("but a communication timeout came before it: the crash may be its consequence")
-        others = [e for e in ev.events_of("timeout", "network", "watchdog") if e.rank != first.rank]
+        others = [e for e in ev.events.of("timeout", "network", "watchdog") if e.rank != first.rank]
         if others and not consequence:
             evidence.append(
                 f"then {len(others)} communication errors on "

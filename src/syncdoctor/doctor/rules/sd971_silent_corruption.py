@@ -126,7 +126,7 @@ class SilentCorruption(Rule):
     title = "Silent data corruption: one replica changed while counters, configuration and data agree"
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        div = ev.divergence
+        div = ev.replicas.divergence
         if div is None or not div.what or not set(div.what) <= CORRUPTIBLE:
             return None
         if len(div.detail.get("groups") or []) > 1:
@@ -138,7 +138,7 @@ class SilentCorruption(Rule):
         first_measured = self._first_measured_step(ev)
         if first_measured is None or div.step <= first_measured:
             return None  # apart from the start: initialisation or set-up, not a flip
-        if ev.rebuilt_within(div.last_agree_step, div.step) is not None:
+        if ev.events.rebuilt_within(div.last_agree_step, div.step) is not None:
             return None  # apart from a rebuild's start: the state loaded, not a flip (SD505)
         reach = reach_of(ev, div.step)
         if reach is not None and not confined(reach):
@@ -190,9 +190,9 @@ class SilentCorruption(Rule):
     def _other_mechanism(ev: Evidence, step: int) -> bool:
         """Marks of the mechanisms that part replicas without a flipped bit: a rank
         left out of the reduction, a local overflow skip, a communication retry."""
-        if ev.unreduced_ranks or ev.overflow_disagreement:
+        if ev.reduce.unreduced_ranks or ev.numerics.overflow_disagreement:
             return True
-        if any(e.step is None or e.step <= step for e in ev.events_of("retry", "timeout", "watchdog", "network")):
+        if any(e.step is None or e.step <= step for e in ev.events.of("retry", "timeout", "watchdog", "network")):
             return True
         # Reduced gradients that still differ at the last step they were measured: a
         # reduction that keeps leaving someone out, not one flipped value.

@@ -34,7 +34,7 @@ class LogOnlyInconclusive(Rule):
     sources = ("logs",)
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        if ev.has_records or len(ev.ranks) > 1 or ev.events_of(*_FAILURES):
+        if ev.has_records or len(ev.ranks) > 1 or ev.events.of(*_FAILURES):
             return None
         seen = f"the loss of rank {ev.ranks[0]} only" if ev.ranks else "no per-rank training loss"
         evidence = [f"this log holds {seen} and no failure a rule could name: replicas cannot be compared from it"]
@@ -49,7 +49,9 @@ def _holdings(ev: Evidence) -> list[str]:
     if logs is None:
         return []
     out = [f"read: {logs.n_lines} lines in {len(logs.files)} file(s)"]
-    marked = [e for e in ev.events if e.kind in ("error", "warning", "overflow", "exit", "retry") and e.kind != "info"]
+    marked = [
+        e for e in ev.events.all if e.kind in ("error", "warning", "overflow", "exit", "retry") and e.kind != "info"
+    ]
     if marked:
         kinds = Counter(e.kind for e in marked)
         first = marked[0]
@@ -58,7 +60,7 @@ def _holdings(ev: Evidence) -> list[str]:
             + ", ".join(f"{n} {k}" for k, n in kinds.most_common())
             + f"; first: {first.source}:{first.line}: {first.raw[:160]}"
         )
-        if any(e.raw.lstrip().startswith("Traceback") for e in marked) and not ev.events_of("crash"):
+        if any(e.raw.lstrip().startswith("Traceback") for e in marked) and not ev.events.of("crash"):
             out.append("a traceback without its exception line: the line after the last frame would name the failure")
     values = getattr(logs, "values", None)
     if values is not None and values.height:

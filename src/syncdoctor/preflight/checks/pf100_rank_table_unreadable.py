@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from syncdoctor.preflight.model import Check, Hit
+from syncdoctor.preflight.checks.base import Check
+from syncdoctor.preflight.model import Hit
 
 
 class RankTableUnreadable(Check):

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from syncdoctor.preflight.checks.base import Check
 from syncdoctor.preflight.contexts import RankTableContext
-from syncdoctor.preflight.model import Check, Hit
+from syncdoctor.preflight.model import Hit
 from syncdoctor.preflight.rank_table import as_int
 
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from syncdoctor.preflight.checks._common import repeats
+from syncdoctor.preflight.checks.base import Check
 from syncdoctor.preflight.contexts import RankTableContext
-from syncdoctor.preflight.model import Check, Hit
+from syncdoctor.preflight.model import Hit
 
 
 class DuplicateDeviceId(Check):

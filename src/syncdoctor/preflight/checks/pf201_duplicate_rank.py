@@ -4,8 +4,9 @@ from collections.abc import Iterator
 from operator import methodcaller
 
 from syncdoctor.preflight.checks._common import repeats
+from syncdoctor.preflight.checks.base import Check
 from syncdoctor.preflight.environment import EnvGroup
-from syncdoctor.preflight.model import Check, Hit
+from syncdoctor.preflight.model import Hit
 
 
 class DuplicateRank(Check):

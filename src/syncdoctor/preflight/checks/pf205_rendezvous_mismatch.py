@@ -3,8 +3,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
+from syncdoctor.preflight.checks.base import Check
 from syncdoctor.preflight.environment import EnvGroup
-from syncdoctor.preflight.model import Check, Hit
+from syncdoctor.preflight.model import Hit
 
 RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "MS_SCHED_HOST", "MS_SCHED_PORT")
 

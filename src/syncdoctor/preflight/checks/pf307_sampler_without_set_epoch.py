@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from syncdoctor.preflight.model import Check, Hit
+from syncdoctor.preflight.checks.base import Check
+from syncdoctor.preflight.model import Hit
 from syncdoctor.preflight.script import ScriptContext, literal
 
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from syncdoctor.preflight.model import Check, Hit
+from syncdoctor.preflight.checks.base import Check
+from syncdoctor.preflight.model import Hit
 from syncdoctor.preflight.script import CallInfo, ScriptContext, is_optimizer_step
 
 BARRIERS = ("barrier", "monitored_barrier")
