@@ -6,11 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from syncdoctor.cli.options import add_check_every, add_json, add_steps, add_world_size, at_least
+from syncdoctor.cli.options import add_check_every, add_json, add_on_mismatch, add_steps, add_world_size, at_least
 from syncdoctor.errors import InputError
 from syncdoctor.lab.faults import FAULTS, check_fault
 from syncdoctor.lab.runner import LAB_CHECK_EVERY, MS_STYLES
-from syncdoctor.settings import ON_MISMATCH_CHOICES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--out", help="run folder (default runs/FAULT-wN-sSEED)")
     run.add_argument("--no-probe", action="store_true", help="run without the probe (logs only)")
     add_check_every(run, default=LAB_CHECK_EVERY)
-    run.add_argument("--on-mismatch", choices=ON_MISMATCH_CHOICES, help="the probe's action on a mismatch")
+    add_on_mismatch(run, "the probe's action on a mismatch")
     run.set_defaults(func=cmd_run)
 
     matrix = lab_sub.add_parser(

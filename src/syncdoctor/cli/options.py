@@ -1,7 +1,8 @@
 """What every command shares: the parser class (help that states each option's
 default), argument types that refuse bad input in one line, and the options several
-commands take (`--json`, `--world-size`, `--steps`, `--check-every`, `--html`, a
-launcher command after `--`, a run folder that defaults to a timestamped one).
+commands take (`--json`, `--world-size`, `--steps`, `--check-every`, `--on-mismatch`,
+`--html`, a launcher command after `--`, a run folder that defaults to a timestamped
+one, a report written where the user asked).
 
 Library code never imports this package: its errors are `syncdoctor.errors.InputError`,
 which `cli/app.py` prints as one line with exit code 2."""
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from syncdoctor.errors import InputError, did_you_mean
+from syncdoctor.settings import ON_MISMATCH_CHOICES
 
 __all__ = [
     "EXIT_USAGE",
@@ -23,6 +25,7 @@ __all__ = [
     "add_command",
     "add_html",
     "add_json",
+    "add_on_mismatch",
     "add_steps",
     "add_world_size",
     "at_least",
@@ -97,6 +100,10 @@ def add_check_every(p: argparse.ArgumentParser, *, default: int) -> None:
         metavar="K",
         help="the probe's cross-rank check every K steps",
     )
+
+
+def add_on_mismatch(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--on-mismatch", choices=ON_MISMATCH_CHOICES, default=None, help=help)
 
 
 def add_html(p: argparse.ArgumentParser, help: str) -> None:
