@@ -1,5 +1,5 @@
-"""`syncdoctor export --tensorboard DIR RUN...`: the per-rank series of a run as
-TensorBoard scalars, so they can be looked at where people already look.
+"""The per-rank series of a run as TensorBoard scalars, so they can be looked at
+where people already look (`syncdoctor export --tensorboard DIR RUN...`, cli/export.py).
 
 One TensorBoard run per rank (DIR/rank{R}), so TensorBoard overlays the ranks:
 ``loss``, ``grad_norm/local`` (the rank's own gradient before the reduction),
@@ -10,7 +10,6 @@ Written with tensorboardX (the `tensorboard` extra)."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +17,7 @@ import polars as pl
 
 from syncdoctor.errors import InputError
 
-if TYPE_CHECKING:  # the doctor is imported where it is used (cmd_export)
+if TYPE_CHECKING:  # the caller loads the evidence (cli/export.py)
     from syncdoctor.doctor.evidence import Evidence
 
 _STEP_TAGS = (
@@ -27,36 +26,6 @@ _STEP_TAGS = (
     ("lr", "lr"),
     ("loss_scale", "loss_scale"),
 )
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "export",
-        help="write a run's per-rank series for other tools (TensorBoard)",
-        description="Read probe records and/or logs, as `diagnose` does, and write every "
-        "rank's loss, gradient norms, lr and loss scale as TensorBoard scalars "
-        "(one TensorBoard run per rank). Needs tensorboardX: "
-        'pip install "syncdoctor[tensorboard]" (from a clone: '
-        'pip install -e ".[tensorboard]").',
-    )
-    p.add_argument("--tensorboard", metavar="DIR", required=True, help="TensorBoard log folder to write")
-    p.add_argument("paths", nargs="+", metavar="RUN", help="a probe run folder, log files, or folders of logs")
-    p.set_defaults(func=cmd_export)
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    from syncdoctor.doctor.diagnose import load_evidence
-
-    ev = load_evidence(args.paths)
-    counts = export_tensorboard(ev, Path(args.tensorboard))
-    total = sum(counts.values())
-    print(
-        f"wrote {total:,} scalars for {len([r for r in counts if r != 'replicas'])} ranks to "
-        f"{args.tensorboard}; view: tensorboard --logdir {args.tensorboard}"
-    )
-    for warning in ev.warnings:
-        print(f"warning: {warning}")
-    return 0
 
 
 def export_tensorboard(ev: Evidence, out: Path) -> dict[int | str, int]:

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from syncdoctor.probe.run import launcher as run_cli
+from syncdoctor.probe.run import launcher
 from syncdoctor.settings import RUN_DIR_ENV, STOP_AFTER_ENV
 
 GRACE_S = 20.0  # every rank closed its records: how long the launcher gets to exit
@@ -62,13 +62,13 @@ def run_variant(
     every process it started ended and reaped (also on KeyboardInterrupt/SystemExit,
     which are re-raised)."""
     folder = folder.resolve()
-    env = run_cli.prepare(folder, check_every, None)
+    env = launcher.prepare(folder, check_every, None)
     env.update(env_extra)
     if steps:
         env[STOP_AFTER_ENV] = str(steps)
     meta = {"command": command, "cwd": os.getcwd(), "start": time.time(), "python": sys.executable, "env": env_extra}
     (folder / "run.json").write_text(json.dumps(meta, indent=1))
-    run_cli.become_subreaper()
+    launcher.become_subreaper()
     result = RunResult(folder)
     t0 = time.monotonic()
     with open(folder / LAUNCHER_LOG, "ab") as log:
@@ -212,7 +212,7 @@ def _end_everything(proc: subprocess.Popen[bytes]) -> list[int]:
     tracked = descendants(proc.pid) | {proc.pid}
     if proc.poll() is None or len(tracked) > 1:
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            tracked |= descendants(proc.pid) | set(run_cli.children())
+            tracked |= descendants(proc.pid) | set(launcher.children())
             for group in _groups(tracked) | ({proc.pid} if proc.poll() is None else set()):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(group, sig)
@@ -229,7 +229,7 @@ def _end_everything(proc: subprocess.Popen[bytes]) -> list[int]:
         proc.wait(timeout=TERM_WAIT_S)
     # Orphans the launcher left (re-parented to us as subreaper): tee processes draining
     # a rank's last lines end by themselves; anything else is ended by its group.
-    left = run_cli.reap_orphans(2.0)
+    left = launcher.reap_orphans(2.0)
     for pid in left:
         with contextlib.suppress(OSError):
             group = os.getpgid(pid)
@@ -238,7 +238,7 @@ def _end_everything(proc: subprocess.Popen[bytes]) -> list[int]:
             else:
                 os.kill(pid, signal.SIGKILL)
     if left:
-        run_cli.reap_orphans(TERM_WAIT_S)
+        launcher.reap_orphans(TERM_WAIT_S)
     return sorted(p for p in tracked | set(left) if _alive(p))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from syncdoctor.errors import InputError, did_you_mean
 from syncdoctor.lab.plan import RankPlan
 
 # Why the data faults that only sample ids reveal cannot be shown through Model.train.
@@ -489,6 +490,19 @@ FAULTS: dict[str, Fault] = {
         BitFlip,
     )
 }
+
+
+def check_fault(name: str, variant: str = "") -> None:
+    """An InputError, in one line with the closest known name, unless ``name`` is a
+    fault of the catalog and ``variant`` (when given) one of its variants."""
+    if name not in FAULTS:
+        raise InputError(f"unknown fault {name!r}{did_you_mean(name, FAULTS)}; `syncdoctor lab list` shows the catalog")
+    variants = [v for v in FAULTS[name].variants if v]
+    if variant and variant not in variants:
+        known = f"one of {', '.join(variants)}" if variants else "none"
+        raise InputError(
+            f"fault {name!r} has no variant {variant!r}{did_you_mean(variant, variants)}; its variants: {known}"
+        )
 
 
 def plans_for(fault_name: str, variant: str, world_size: int, **common: object) -> list[RankPlan]:

@@ -14,7 +14,6 @@ bounded in time, so the logs are complete when `syncdoctor run` returns.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -27,7 +26,6 @@ from typing import Any
 
 from syncdoctor import settings
 from syncdoctor.probe.core import process
-from syncdoctor.settings import DEFAULT_CHECK_EVERY
 
 REAP_WAIT_S = 10.0
 PR_SET_CHILD_SUBREAPER = 36
@@ -67,40 +65,6 @@ else:
     except Exception as _exc:
         print(f"syncdoctor: probe not installed: {type(_exc).__name__}: {_exc}", file=_sys.stderr)
 '''
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "run",
-        help="run a training command with the probe attached to every rank",
-        description="Run CMD (torchrun, python -m torch.distributed.run, msrun, a script that "
-        "spawns its ranks, ...) with the probe attached automatically in every rank "
-        "process. Records go to DIR/records, each rank's output to DIR/logs. "
-        "The exit code is the command's.",
-    )
-    p.add_argument("--out", metavar="DIR", help="run folder (default: runs/run-YYYYmmdd-HHMMSS)")
-    p.add_argument(
-        "--check-every",
-        type=int,
-        metavar="K",
-        help=f"cross-rank check every K optimizer steps (default: {DEFAULT_CHECK_EVERY}, torch "
-        "and MindSpore alike; 1 = every step)",
-    )
-    p.add_argument(
-        "--on-mismatch",
-        choices=("warn", "dump", "raise", "heal"),
-        default=None,
-        help="on a cross-rank mismatch: log it (warn, default), also write an evidence "
-        "bundle (dump), raise SyncMismatchError into training on every rank, or "
-        "restore a corrupted replica from the majority (heal; 3+ ranks, docs/hardware.md)",
-    )
-    p.add_argument(
-        "command",
-        nargs=argparse.REMAINDER,
-        metavar="-- CMD ...",
-        help="the launcher command and its arguments, after --",
-    )
-    p.set_defaults(func=_run)
 
 
 def prepare(
@@ -217,15 +181,3 @@ def attach_report(out: Path) -> str:
             "step looks like this."
         )
     return f"no rank attached, nothing was recorded in {out}: {why}"
-
-
-def _run(args: argparse.Namespace) -> int:
-    from syncdoctor.errors import InputError
-
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise InputError("nothing to run: syncdoctor run [--out DIR] -- CMD ...")
-    out = Path(args.out or time.strftime("runs/run-%Y%m%d-%H%M%S"))
-    return run_command(command, out, args.check_every, args.on_mismatch)

@@ -1,16 +1,17 @@
-"""`syncdoctor diagnose` and `syncdoctor rules`."""
+"""`syncdoctor diagnose PATH...`: probe run folders and/or raw logs, diagnosed (the
+work: syncdoctor.doctor); several run folders each on its own, then across runs."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from syncdoctor.cli.options import add_html, add_json, write_output
 from syncdoctor.errors import InputError
 
 
@@ -37,24 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "as PATH takes them (repeat for several log files); says where the loss curves part and "
         "whether the difference is the parallel part",
     )
-    p.add_argument("--json", action="store_true", help="print the diagnosis as JSON on stdout")
-    p.add_argument(
-        "--html",
-        metavar="FILE",
-        help="also write a self-contained HTML report (several run folders: FILE.1.html, FILE.2.html, …)",
-    )
+    add_json(p, "print the diagnosis as JSON on stdout")
+    add_html(p, "also write a self-contained HTML report (several run folders: FILE.1.html, FILE.2.html, …)")
     p.set_defaults(func=cmd_diagnose)
-
-    r = sub.add_parser(
-        "rules",
-        help="list the diagnosis rules and preflight checks with their docs",
-        description="Every diagnosis rule (SD...) and preflight check (PF...): code, "
-        "category, severity and title; with CODE, its whole documentation "
-        "(symptom, cause, quick check, fix).",
-    )
-    r.add_argument("code", nargs="?", help="show one rule or check in full")
-    r.add_argument("--json", action="store_true", help="print the documentation as JSON")
-    r.set_defaults(func=cmd_rules)
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -68,12 +54,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     with _stdin_as_file(args.paths) as paths:
         diag = diagnose(paths, baseline=args.baseline)
     if args.html:
-        path = Path(args.html)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(render_html(diag), encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"cannot write {path}: {exc.strerror}") from exc
+        write_output(Path(args.html), render_html(diag))
     if args.json:
         print(render_json(diag))
     else:
@@ -94,11 +75,7 @@ def _diagnose_runs(args: argparse.Namespace, run_dirs: list[str], loose: list[st
         base = Path(args.html)
         for i, run in enumerate(runs, 1):
             path = base.with_name(f"{base.stem}.{i}{base.suffix or '.html'}")
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(render_html(run.diagnosis, title=f"syncdoctor report: {run.path}"), encoding="utf-8")
-            except OSError as exc:
-                raise InputError(f"cannot write {path}: {exc.strerror}") from exc
+            write_output(path, render_html(run.diagnosis, title=f"syncdoctor report: {run.path}"))
             print(f"HTML report {i}: {path.resolve()}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(across_runs.render_json(runs))
@@ -123,39 +100,3 @@ def _stdin_as_file(paths: list[str]) -> Iterator[list[str]]:
         if target.stat().st_size == 0:
             raise InputError("diagnose -: standard input was empty")
         yield [str(target) if p == "-" else p for p in paths]
-
-
-def all_rule_docs() -> list[dict]:
-    from syncdoctor.doctor.rules import all_rules
-    from syncdoctor.preflight.registry import all_checks
-
-    return [dict(rule.docs(), kind="diagnosis") for rule in all_rules()] + [
-        dict(check.docs(), kind="preflight") for check in all_checks()
-    ]
-
-
-def cmd_rules(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    docs = all_rule_docs()
-    if args.code:
-        docs = [d for d in docs if d["code"].upper() == args.code.upper()]
-        if not docs:
-            raise InputError(f"no rule or check with code {args.code}")
-    if args.json:
-        print(json.dumps(docs, indent=1, ensure_ascii=False))
-        return 0
-    console = Console()
-    if args.code:
-        for key, value in docs[0].items():
-            console.print(f"[bold]{key}[/bold]: ", end="")
-            console.print(str(value), markup=False)
-        return 0
-    table = Table(title="syncdoctor rules (diagnosis SD…, preflight PF…)")
-    for column in ("code", "kind", "category", "severity", "title"):
-        table.add_column(column)
-    for d in docs:
-        table.add_row(d["code"], d["kind"], d["category"], d["severity"], d["title"])
-    console.print(table)
-    return 0

@@ -1,15 +1,14 @@
-"""`syncdoctor lab …` and `syncdoctor demo`."""
+"""`syncdoctor lab list|run|matrix`: the fault catalog, one fault on N real ranks,
+the detection matrix (the work: syncdoctor.lab)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
-from syncdoctor.cli import at_least, did_you_mean
+from syncdoctor.cli.options import add_check_every, add_json, add_on_mismatch, add_steps, add_world_size, at_least
 from syncdoctor.errors import InputError
-from syncdoctor.lab.faults import FAULTS
+from syncdoctor.lab.faults import FAULTS, check_fault
 from syncdoctor.lab.runner import LAB_CHECK_EVERY, MS_STYLES
 
 
@@ -29,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="The fault catalog: each fault's name (what `lab run` takes), its "
         "variants, the root-cause category and what it was measured to do.",
     )
-    ls.add_argument("--json", action="store_true", help="print the catalog as JSON")
+    add_json(ls, "print the catalog as JSON")
     ls.set_defaults(func=cmd_list)
 
     run = lab_sub.add_parser(
@@ -44,16 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--seed", type=int, default=0, help="the run's seed (every rank alike)")
     run.add_argument("--out", help="run folder (default runs/FAULT-wN-sSEED)")
     run.add_argument("--no-probe", action="store_true", help="run without the probe (logs only)")
-    run.add_argument(
-        "--check-every",
-        type=at_least(1),
-        default=LAB_CHECK_EVERY,
-        metavar="K",
-        help="the probe's cross-rank check every K steps",
-    )
-    run.add_argument(
-        "--on-mismatch", choices=("warn", "dump", "raise", "heal"), help="the probe's action on a mismatch"
-    )
+    add_check_every(run, default=LAB_CHECK_EVERY)
+    add_on_mismatch(run, "the probe's action on a mismatch")
     run.set_defaults(func=cmd_run)
 
     matrix = lab_sub.add_parser(
@@ -63,27 +54,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "through the probe and the doctor; exit 1 when any is misdiagnosed.",
     )
     _common(matrix)
-    matrix.add_argument("--json", action="store_true", help="print the rows as JSON")
+    add_json(matrix, "print the rows as JSON")
     matrix.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
     matrix.add_argument("--out", default="runs/matrix", help="folder for the runs")
     matrix.add_argument("--only", nargs="*", metavar="FAULT", help="only these faults")
     matrix.set_defaults(func=cmd_matrix)
 
-    demo = sub.add_parser(
-        "demo",
-        help="the clean baseline and the playbook's headline failure, diagnosed",
-        description="Two real data-parallel runs over gloo on loopback (the clean baseline, "
-        "then a rank silently left out of the gradient average after a "
-        "communication retry), each diagnosed, with an HTML report.",
-    )
-    demo.add_argument("--out", default="runs/demo", help="folder for the runs and the reports")
-    demo.add_argument("--world-size", type=at_least(1), default=2, help="ranks per run")
-    demo.set_defaults(func=cmd_demo)
-
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--world-size", type=at_least(1), default=2, metavar="N", help="ranks (processes)")
-    p.add_argument("--steps", type=at_least(1), default=150, help="optimizer steps (rounded up to whole epochs)")
+    add_world_size(p, "ranks (processes)", metavar="N")
+    add_steps(p, "optimizer steps (rounded up to whole epochs)", default=150)
     p.add_argument("--onset", type=at_least(0), default=40, help="the step at which step-triggered faults act")
     p.add_argument("--framework", choices=("torch", "mindspore"), default="torch", help="the training framework")
     p.add_argument(
@@ -137,21 +117,10 @@ def format_catalog(rows: list[dict], width: int | None = None) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _check_fault(name: str, variant: str = "") -> None:
-    if name not in FAULTS:
-        raise InputError(f"unknown fault {name!r}{did_you_mean(name, FAULTS)}; `syncdoctor lab list` shows the catalog")
-    variants = [v for v in FAULTS[name].variants if v]
-    if variant and variant not in variants:
-        known = f"one of {', '.join(variants)}" if variants else "none"
-        raise InputError(
-            f"fault {name!r} has no variant {variant!r}{did_you_mean(variant, variants)}; its variants: {known}"
-        )
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from syncdoctor.lab.runner import run_lab
 
-    _check_fault(args.fault, args.variant)
+    check_fault(args.fault, args.variant)
     try:
         result = run_lab(
             args.fault,
@@ -202,7 +171,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         raise InputError("--style applies to --framework mindspore only")
     if args.only:
         for name in args.only:
-            _check_fault(name)
+            check_fault(name)
     rows = run_matrix(
         args.out,
         world_size=args.world_size,
@@ -256,36 +225,3 @@ def cmd_matrix(args: argparse.Namespace) -> int:
                     f"not in the {args.style} style: {fault.name} — {fault.ms_styles_not_on[args.style]}", markup=False
                 )
     return 0 if all(r.correct for r in rows) else 1
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from syncdoctor.doctor.diagnose import diagnose
-    from syncdoctor.doctor.report import render_html, render_terminal
-    from syncdoctor.lab.runner import run_lab
-
-    out = Path(args.out)
-    print("syncdoctor demo: two real data-parallel runs over gloo on loopback, then the doctor.\n")
-    worst = 0
-    for fault, title in (
-        ("clean", "1/2 the clean baseline"),
-        (
-            "dropped-rank",
-            "2/2 the playbook's headline failure: after a comm timeout and "
-            "retry, one rank is silently left out of the gradient average",
-        ),
-    ):
-        print(f"── {title}", flush=True)
-        result = run_lab(fault, world_size=args.world_size, out=out / fault)
-        print(
-            f"   {result.duration_s:.1f}s, exit codes {result.exit_codes}, held-out accuracy "
-            + ", ".join(f"rank {r}: {a:.3f}" for r, a in sorted(result.accuracy.items())),
-            flush=True,
-        )
-        diag = diagnose([result.out])
-        render_terminal(diag)
-        html = out / f"{fault}.html"
-        html.write_text(render_html(diag), encoding="utf-8")
-        print(f"HTML report: {html.resolve()}\n", flush=True)
-        worst = max(worst, 0 if (fault == "clean") == (diag.verdict == "healthy") else 1)
-    sys.stdout.flush()
-    return worst

@@ -1,4 +1,6 @@
-"""Subcommands of the preflight part: `syncdoctor preflight`."""
+"""`syncdoctor preflight [PATH...]`: rank tables, environments and training scripts
+checked before the job starts (the work: syncdoctor.preflight); findings as
+`path:line:col CODE message` or JSON, exit 1 when an error-level check fires."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from syncdoctor.cli.options import add_json
+from syncdoctor.errors import InputError
 from syncdoctor.preflight.model import PreflightFinding
 from syncdoctor.rulebook import SEVERITIES
 
@@ -37,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--rank-table or --compare says what to check)",
     )
     p.add_argument("--rank-table", metavar="FILE", help="the HCCL rank table the job will use")
-    p.add_argument("--json", action="store_true", help="print the findings as a JSON list")
+    add_json(p, "print the findings as a JSON list")
     p.add_argument("--select", metavar="CODES", help="comma-separated codes or prefixes to run")
     p.add_argument("--ignore", metavar="CODES", help="comma-separated codes or prefixes to skip")
     p.add_argument(
@@ -51,15 +55,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--list", action="store_true", help="list the preflight checks")
     p.add_argument("--explain", metavar="CODE", help="print the documentation of one check")
-    p.set_defaults(func=run)
+    p.set_defaults(func=cmd_preflight)
 
 
 def _codes(text: str | None) -> list[str]:
     return [c.strip() for c in text.split(",") if c.strip()] if text else []
 
 
-def run(args: argparse.Namespace) -> int:
-    from syncdoctor.errors import InputError
+def cmd_preflight(args: argparse.Namespace) -> int:
     from syncdoctor.preflight.engine import collect, evaluate
     from syncdoctor.preflight.manifest import write_manifest
     from syncdoctor.preflight.registry import all_checks, get_check
