@@ -37,6 +37,10 @@ UNSAFE_CALLS = {
 }
 ALLOWED = {
     (
+        "probe/run/boot.py",
+        "importlib.import_module",
+    ): "imports the in-rank plugins named in SYNCDOCTOR_PLUGINS, only modules of syncdoctor itself",
+    (
         "rulebook.py",
         "importlib.import_module",
     ): "imports the modules of the rules' or checks' own package, listed by pkgutil, never a name from input",

@@ -35,11 +35,15 @@ def _install_mindspore() -> None:
 
 def _load_plugins() -> None:
     """The modules named in PLUGINS_ENV register on the probe's hook points as they are
-    imported. One that cannot be imported is said once; the run goes on without it."""
+    imported. Only syncdoctor's own modules are taken (the environment names one, it
+    does not bring code of its own); one that cannot be imported is said once, and the
+    run goes on without it."""
     import importlib
 
     for name in filter(None, (n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(","))):
         try:
+            if not name.startswith("syncdoctor."):
+                raise ValueError("only syncdoctor's own modules are loaded")
             importlib.import_module(name)
         except Exception as exc:
             print(f"syncdoctor: plugin {name} not loaded: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

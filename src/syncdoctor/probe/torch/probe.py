@@ -740,13 +740,8 @@ class Probe:
         return contract.train_mode([m.training for m in self._modules])
 
     def _guard(self, fn: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except SyncMismatchError:
-            raise
-        except Exception as exc:  # never let a probe failure reach training
-            self.disable(exc)
-            return None
+        """`fn(*args)` behind the one fence: a failure stands this probe down."""
+        return safety.safe(fn, *args, on_error=self.disable)
 
     def _event(self, event: str, message: str, step: int | None = None) -> None:
         """One event record of this probe (records/contract.py: EVENT)."""
