@@ -22,7 +22,7 @@ CANARY_ENV = "SYNCDOCTOR_CANARY"
 # what breaks it to RUN_DIR/records/rank{R}.violations (the contract test sets it).
 VALIDATE_RECORDS_ENV = "SYNCDOCTOR_VALIDATE_RECORDS"
 # `syncdoctor experiment`: the one factor a rerun changes on every rank (experiment/ sets it,
-# experiment/inrank.py applies it). VARIANT_WORLD_ENV: the world size of the run the variant is
+# experiment/inrank/ applies it). VARIANT_WORLD_ENV: the world size of the run the variant is
 # compared with (the single-rank baseline scales its per-rank batch to the same global batch).
 VARIANT_ENV = "SYNCDOCTOR_VARIANT"
 # Modules the boot of every rank process imports before the probe attaches (comma-separated

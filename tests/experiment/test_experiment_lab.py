@@ -29,7 +29,7 @@ STEPS = 30
 TIMEOUT_S = 400
 NEEDS_VARIANTS = pytest.mark.skipif(
     importlib.util.find_spec("syncdoctor.experiment.inrank") is None,
-    reason="the ranks' side of the variants (experiment/inrank.py, branch h/variants) is not merged yet",
+    reason="the ranks' side of the variants (experiment/inrank/, branch h/variants) is not merged yet",
 )
 
 

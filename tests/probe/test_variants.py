@@ -1,4 +1,4 @@
-"""`syncdoctor experiment`'s variants inside the rank processes (experiment/inrank.py).
+"""`syncdoctor experiment`'s variants inside the rank processes (experiment/inrank/).
 
 Fast tests: the cross-rank agreement over a real c10d store (all ranks there, one that
 never comes, one that comes too late), and the seeds / data / single patches in a
@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from syncdoctor.doctor.diagnose import load_evidence, run_rules
 from syncdoctor.experiment import inrank as variants
+from syncdoctor.experiment.inrank import agree
 from syncdoctor.lab.launch import free_port
 from syncdoctor.settings import VARIANT_ENV, VARIANT_WORLD_ENV
 from tests.conftest import pids_running_with
@@ -60,7 +61,7 @@ def test_agreement_gives_every_payload_when_every_rank_comes() -> None:
 
 
 def test_agreement_is_none_on_every_rank_when_one_never_comes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(variants, "AGREE_MARGIN_S", 0.2)
+    monkeypatch.setattr(agree, "AGREE_MARGIN_S", 0.2)
     stores = _stores(3)
     results = _agree_in_threads(stores, [0, 1], 3, wait_s=0.3)  # rank 2 never reaches the point
     assert results == {0: None, 1: None}
@@ -75,7 +76,7 @@ import numpy as np, torch
 from syncdoctor.experiment import inrank as variants
 variants.install_torch()
 def one_rank(rank):
-    variants._status.seed_calls.clear()  # a fresh process per rank, as far as the counters go
+    variants.RUN.status.seed_calls.clear()  # a fresh process per rank, as far as the counters go
     torch.manual_seed(1000 * rank)
     a = torch.rand(2).tolist()
     random.seed()  # unseeded
@@ -86,7 +87,7 @@ def one_rank(rank):
     e = float(np.random.RandomState(None).rand())
     sampler = torch.utils.data.DistributedSampler(list(range(10)), num_replicas=2, rank=0, seed=rank)
     return [a, b, c, d, e, sampler.seed]
-print(json.dumps([one_rank(0), one_rank(1), variants._status.record()]))
+print(json.dumps([one_rank(0), one_rank(1), variants.RUN.status.record()]))
 """
 
 DATA_SCRIPT = r"""
@@ -107,7 +108,7 @@ class Stream(IterableDataset):
         return iter(range(8))
 
 DataLoader(Stream(), batch_size=2)
-print(json.dumps({"ids": out, "status": variants._status.record()}))
+print(json.dumps({"ids": out, "status": variants.RUN.status.record()}))
 """
 
 SINGLE_SCRIPT = r"""
@@ -116,7 +117,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from syncdoctor.experiment import inrank as variants
 variants.install_torch()
 loader = DataLoader(TensorDataset(torch.arange(40)), batch_size=4, shuffle=True)
-print(json.dumps({"batch": len(next(iter(loader))[0]), "status": variants._status.record()}))
+print(json.dumps({"batch": len(next(iter(loader))[0]), "status": variants.RUN.status.record()}))
 """
 
 
@@ -136,8 +137,8 @@ def test_seeds_gives_every_rank_the_same_random_streams_whatever_it_passed() -> 
 
 
 def test_seeds_script_is_rank_dependent_without_the_variant() -> None:
-    script = SEEDS_SCRIPT.replace("variants.install_torch()", "").replace("variants._status.seed_calls.clear()", "")
-    script = script.replace(", variants._status.record()", "")
+    script = SEEDS_SCRIPT.replace("variants.install_torch()", "").replace("variants.RUN.status.seed_calls.clear()", "")
+    script = script.replace(", variants.RUN.status.record()", "")
     rank0, rank1 = _run_script(script)
     assert rank0[0] != rank1[0] and rank0[3] != rank1[3] and rank0[5] != rank1[5]
 
