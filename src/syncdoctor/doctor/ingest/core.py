@@ -8,7 +8,7 @@ import os
 import time
 import zlib
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -227,6 +227,7 @@ class _FileReader:
                                 last.step is not None,
                                 True,
                                 self.parser.last_shape,
+                                self.parser.last_pos,
                             )
                         valued = True
             if not valued and ("step" in low or line_no <= HEAD_ROWS):
@@ -266,11 +267,12 @@ class _FileReader:
         printed_step: bool,
         has_loss: bool,
         shape: str | None = None,
+        pos: Callable[[int], int] | None = None,
     ) -> None:
         if len(self.value_lines) >= MAX_VALUE_LINES:
             self.value_lines_dropped += 1
             return
-        values = line_values(body, shape)
+        values = line_values(body, shape, pos)
         if not values:
             return
         step: int | None = None

@@ -282,6 +282,8 @@ class LossParser:
     def __init__(self) -> None:
         self._shapes: dict[str, tuple[list[_Spec], list[int]]] = {}
         self.last_shape = ""  # the shape of the last line parsed (callers memo by it too)
+        # shape position -> position in the last line that held a loss point
+        self.last_pos: Callable[[int], int] | None = None
 
     def parse(self, body: str) -> list[LossPoint]:
         shape = self.last_shape = _DIGITS.sub("0", body)
@@ -299,6 +301,7 @@ class LossParser:
         def pos(q: int) -> int:
             return q + extra[bisect_left(runs, q)]
 
+        self.last_pos = pos
         return [_fill(spec, body, pos) for spec in specs]
 
 
