@@ -46,7 +46,7 @@ _LOCAL = re.compile(
 # Keys that number the step a line was printed at: the index of the comparison.
 _INDEX = {"step", "steps", "train_step", "iteration", "iter", "it", "global_step", "counter"}
 
-KINDS = ("optim", "scale", "counter", "learned", "size")
+KINDS = ("optim", "scale", "counter", "learned", "size", "seed")
 
 
 @dataclass
@@ -80,11 +80,14 @@ def kind_of(key: str) -> str | None:
 # What every rank prints once at start that must be the same everywhere: the
 # optimizer's settings (by KIND_OF) and the size of the job.
 _START_SIZE = re.compile(r"^(?:world_size|num_processes|num_gpus|nprocs?|n_gpus|ngpus|total_gpus|world)$")
+# A seed printed at start: the model's initialisation and the shuffle of sharded data
+# need the same seed on every rank (augmentation may take one of its own).
+_START_SEED = re.compile(r"^(?:(?!(?:worker|aug|augment|augmentation|dropout|noise|local|rank)_)[a-z]+_)?seed$")
 
 
 def start_partings(values: pl.DataFrame) -> dict[str, Parting]:
     """Values printed before any step (no step on their line) whose first value
-    differs across ranks: {"optim" or "size": Parting at step 0}."""
+    differs across ranks: {"optim", "size" or "seed": Parting at step 0}."""
     frame = values.filter(pl.col("rank").is_not_null() & pl.col("step").is_null() & pl.col("value").is_finite())
     if frame.is_empty() or frame["rank"].n_unique() < 2:
         return {}
@@ -92,8 +95,8 @@ def start_partings(values: pl.DataFrame) -> dict[str, Parting]:
     found: dict[str, Parting] = {}
     for (key,), group in first.group_by(["key"], maintain_order=True):
         key = str(key)
-        kind = "size" if _START_SIZE.search(key) else kind_of(key)
-        if kind not in ("optim", "size") or group.height < 2:
+        kind = "size" if _START_SIZE.search(key) else "seed" if _START_SEED.search(key) else kind_of(key)
+        if kind not in ("optim", "size", "seed") or group.height < 2:
             continue
         lo, hi = group["value"].min(), group["value"].max()
         if not isinstance(lo, float) or not isinstance(hi, float) or hi - lo <= REL_TOL * max(abs(hi), abs(lo)):
