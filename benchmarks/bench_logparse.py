@@ -7,8 +7,8 @@ NCCL INFO chatter), then times
     grep -E -c '<the ingestion's own keyword alternation>' FILE
     syncdoctor.doctor.ingest.ingest_logs([FILE])   (in a child process, for its peak RSS)
 
-and prints both times and their ratio. The target is ingestion at >= 1/3 of grep's
-speed (ratio <= 3). The generated file is deleted afterwards unless --keep.
+and prints both times and their ratio. The target (issue 23) is ingestion within 2x of
+grep's time (ratio <= 2). The generated file is deleted afterwards unless --keep.
 
     .venv/bin/python benchmarks/bench_logparse.py            # 1 GB
     .venv/bin/python benchmarks/bench_logparse.py --size 200M
@@ -94,6 +94,9 @@ def generate(path: Path, size: int, seed: int = 0) -> dict[str, int]:
             written += len(block.encode("utf-8"))
             counts["lines"] += len(lines)
     return counts
+
+
+TARGET = 2.0  # ingestion within this factor of grep's wall time
 
 
 def _parse_size(text: str) -> int:
@@ -193,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = result["seconds"] / grep_s
         print(
             f"ratio ingest/grep: {ratio:.2f}x ({size / 1e6 / result['seconds']:.0f} MB/s vs {size / 1e6 / grep_s:.0f} MB/s)"
-            f" -> {'OK' if ratio <= 3 else 'SLOWER than the 3x target'}; "
+            f" -> {'OK' if ratio <= TARGET else f'SLOWER than the {TARGET:g}x target'}; "
             f"CPU-time ratio {min(r['cpu_seconds'] for r in results) / max(min(grep_cpu), 1e-9):.2f}x"
         )
     finally:

@@ -17,10 +17,12 @@ The first step at which a key parts across ranks is the finding, with both value
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 LEARN_STEPS = 5
@@ -44,7 +46,7 @@ _LOCAL = re.compile(
 # Keys that number the step a line was printed at: the index of the comparison.
 _INDEX = {"step", "steps", "train_step", "iteration", "iter", "it", "global_step", "counter"}
 
-KINDS = ("optim", "scale", "counter", "learned", "size")
+KINDS = ("optim", "scale", "counter", "learned", "size", "seed")
 
 
 @dataclass
@@ -78,11 +80,14 @@ def kind_of(key: str) -> str | None:
 # What every rank prints once at start that must be the same everywhere: the
 # optimizer's settings (by KIND_OF) and the size of the job.
 _START_SIZE = re.compile(r"^(?:world_size|num_processes|num_gpus|nprocs?|n_gpus|ngpus|total_gpus|world)$")
+# A seed printed at start: the model's initialisation and the shuffle of sharded data
+# need the same seed on every rank (augmentation may take one of its own).
+_START_SEED = re.compile(r"^(?:(?!(?:worker|aug|augment|augmentation|dropout|noise|local|rank)_)[a-z]+_)?seed$")
 
 
 def start_partings(values: pl.DataFrame) -> dict[str, Parting]:
     """Values printed before any step (no step on their line) whose first value
-    differs across ranks: {"optim" or "size": Parting at step 0}."""
+    differs across ranks: {"optim", "size" or "seed": Parting at step 0}."""
     frame = values.filter(pl.col("rank").is_not_null() & pl.col("step").is_null() & pl.col("value").is_finite())
     if frame.is_empty() or frame["rank"].n_unique() < 2:
         return {}
@@ -90,8 +95,8 @@ def start_partings(values: pl.DataFrame) -> dict[str, Parting]:
     found: dict[str, Parting] = {}
     for (key,), group in first.group_by(["key"], maintain_order=True):
         key = str(key)
-        kind = "size" if _START_SIZE.search(key) else kind_of(key)
-        if kind not in ("optim", "size") or group.height < 2:
+        kind = "size" if _START_SIZE.search(key) else "seed" if _START_SEED.search(key) else kind_of(key)
+        if kind not in ("optim", "size", "seed") or group.height < 2:
             continue
         lo, hi = group["value"].min(), group["value"].max()
         if not isinstance(lo, float) or not isinstance(hi, float) or hi - lo <= REL_TOL * max(abs(hi), abs(lo)):
@@ -261,3 +266,128 @@ def rank_only_keys(values: pl.DataFrame) -> list[RankOnlyKey]:
             )
         )
     return found
+
+
+# ---------------------------------------------------------------- what every rank evaluated
+# An evaluation every rank runs on the same data after training (a final accuracy,
+# perplexity, validation loss) comes out equal on replicas that are equal: the
+# printed values agree to the last digit, or within what nondeterministic kernels
+# move them (far below EVAL_TOL). Local training values (the loss of the last
+# batch, throughput, time) are not evaluations.
+EVAL_TOL = 0.01
+_METRIC = re.compile(
+    r"^(?:(?:val|valid|validation|eval|evaluation|test|dev|final|best)_?)?"
+    r"(?:acc|accuracy|top_?[15](?:_acc)?|f1|auc|ppl|perplexity|bleu|rouge\w*|map|miou|iou|dice|wer|cer|"
+    r"precision|recall|mae|mse|rmse|error_rate)$"
+)
+_EVAL_LOSS = re.compile(r"^(?:val|valid|validation|eval|evaluation|test|dev)_?(?:loss|nll|ppl)$")
+
+
+@dataclass
+class EvalParting:
+    """An evaluation every rank printed after its last training line, differing."""
+
+    key: str
+    values: dict[int, float]
+    spread: float  # (max - min) / max(|max|, |min|)
+    source: str
+    line: int
+
+
+def is_evaluation(key: str) -> bool:
+    return bool(_METRIC.search(key) or _EVAL_LOSS.search(key))
+
+
+def final_evaluations(values: pl.DataFrame, losses: pl.DataFrame) -> list[EvalParting]:
+    """Evaluations each rank printed after its last training-loss line (the values
+    of a file's last lines, ingest/core.py), compared across ranks: those that
+    differ by more than EVAL_TOL, largest spread first."""
+    if not values.height or not losses.height or "source" not in losses.columns:
+        return []
+    last = losses.filter(pl.col("line").is_not_null()).group_by("source").agg(pl.col("line").max().alias("last"))
+    frame = (
+        values.filter(pl.col("rank").is_not_null() & pl.col("value").is_finite())
+        .join(last, on="source", how="inner")
+        .filter(pl.col("line") > pl.col("last"))
+    )
+    if frame.is_empty() or frame["rank"].n_unique() < 2:
+        return []
+    frame = frame.filter(pl.col("key").is_in([k for k in frame["key"].unique().to_list() if is_evaluation(k)]))
+    if frame.is_empty():
+        return []
+    final = frame.sort("line").unique(["rank", "key"], keep="last", maintain_order=True)
+    ranks = frame["rank"].n_unique()
+    found = []
+    for (key,), group in final.group_by(["key"], maintain_order=True):
+        if group.height < max(2, ranks):
+            continue  # not printed by every rank that evaluated
+        column = group["value"].to_list()
+        lo, hi = float(min(column)), float(max(column))
+        scale = max(abs(lo), abs(hi))
+        spread = (hi - lo) / scale if scale > 0 else 0.0
+        if spread <= EVAL_TOL:
+            continue
+        group = group.sort("rank")
+        found.append(
+            EvalParting(
+                key=str(key),
+                values={int(r): float(v) for r, v in zip(group["rank"], group["value"], strict=True)},
+                spread=spread,
+                source=str(group["source"][0]),
+                line=int(group["line"][0]),
+            )
+        )
+    return sorted(found, key=lambda p: -p.spread)
+
+
+# ---------------------------------------------------------------- losses drifting apart
+# Equal replicas on shards of the same data: each rank's loss scatters around the
+# same-step mean of all ranks with no trend. Replicas that receive different updates
+# (a learning rate, weight decay or momentum of their own) drift apart: a rank's gap
+# to the others starts within that scatter and grows. Replicas that started apart and
+# receive the same averaged update keep the same distance in weight space: the gap
+# shows no such trend.
+DRIFT_T = 4.0  # the late gap against the early one, in standard errors
+DRIFT_MIN = 0.1  # the late gap: at least 10 % of the loss
+DRIFT_MIN_STEPS = 12
+
+
+@dataclass
+class Drift:
+    """How each rank's relative loss gap to the same-step mean moved from the first
+    quarter of the shared steps to the last."""
+
+    early: dict[int, float]
+    late: dict[int, float]
+    t: dict[int, float]
+    steps: tuple[int, int, int, int]  # first/last step of the early and of the late quarter
+
+    @property
+    def drifting(self) -> list[int]:
+        return sorted(
+            r
+            for r, t in self.t.items()
+            if abs(t) > DRIFT_T and abs(self.late[r]) > DRIFT_MIN and abs(self.late[r]) > 3 * abs(self.early[r])
+        )
+
+
+def loss_drift(wide: pl.DataFrame) -> Drift | None:
+    """The loss gaps' trend from a step x rank table of losses (steps every rank printed)."""
+    cols = [c for c in wide.columns if c != "step"]
+    if wide.height < DRIFT_MIN_STEPS or len(cols) < 2:
+        return None
+    values = wide.select(cols).to_numpy().astype(float)
+    if not np.isfinite(values).all():
+        return None
+    mean = values.mean(axis=1, keepdims=True)
+    rel = (values - mean) / np.clip(np.abs(mean), 1e-12, None)
+    q = max(4, wide.height // 4)
+    steps = wide["step"].to_list()
+    early, late, t = {}, {}, {}
+    for i, c in enumerate(cols):
+        a, b = rel[:q, i], rel[-q:, i]
+        se = math.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
+        diff = float(b.mean() - a.mean())
+        early[int(c)], late[int(c)] = float(a.mean()), float(b.mean())
+        t[int(c)] = diff / se if se > 0 else (0.0 if diff == 0 else math.copysign(1e9, diff))
+    return Drift(early, late, t, (int(steps[0]), int(steps[q - 1]), int(steps[-q]), int(steps[-1])))

@@ -8,7 +8,7 @@ import os
 import time
 import zlib
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -19,7 +19,7 @@ from syncdoctor.doctor.ingest import events as ev
 from syncdoctor.doctor.ingest.fields import detect_host_labels, detect_srun_labels, parse_time, strip_prefixes
 from syncdoctor.doctor.ingest.files import SNIFF_BYTES, LogFile, discover, looks_binary, open_binary
 from syncdoctor.doctor.ingest.losses import LossParser, LossPoint, global_steps, split_records
-from syncdoctor.doctor.ingest.scan import HEAD_ROWS, MAX_LINE_BYTES, Chunk, TolerantStream, iter_chunks
+from syncdoctor.doctor.ingest.scan import HEAD_ROWS, MAX_LINE_BYTES, TAIL_ROWS, Chunk, TolerantStream, iter_chunks
 from syncdoctor.doctor.ingest.values import STEP_KEYS, line_values
 from syncdoctor.doctor.model import Event
 from syncdoctor.errors import InputError
@@ -172,7 +172,9 @@ class _FileReader:
             stream.seek(0)
             source = TolerantStream(stream) if self.log.compressed else stream
             first = True
+            last: Chunk | None = None
             for chunk in iter_chunks(source):
+                last = chunk
                 if first:
                     head_lines = chunk.frame["l"].head(200).to_list()
                     self.srun_labels = detect_srun_labels(head_lines)
@@ -185,6 +187,8 @@ class _FileReader:
                     for line in chunk.long_lines
                 )
                 self._flush()
+            if last is not None:
+                self._tail(last)
             if isinstance(source, TolerantStream) and source.error is not None:
                 self.warnings.append(
                     f"{self.log.source}: truncated or corrupt compressed log, read up to line "
@@ -223,6 +227,7 @@ class _FileReader:
                                 last.step is not None,
                                 True,
                                 self.parser.last_shape,
+                                self.parser.last_pos,
                             )
                         valued = True
             if not valued and ("step" in low or line_no <= HEAD_ROWS):
@@ -239,6 +244,20 @@ class _FileReader:
                     if not valued:  # the numbers an event line states ("scale is small: 1e-26")
                         self._add_values(body, prefix.rank, line_no, None, True, False)
 
+    def _tail(self, chunk: Chunk) -> None:
+        """The last lines of a file are read for values whatever they hold: what each
+        rank prints once at the end (a final evaluation, a summary) is compared
+        across ranks, like what it prints once at start."""
+        start = max(chunk.n_lines - TAIL_ROWS, 0)
+        candidates = set(chunk.lines)
+        rows = chunk.frame["l"].slice(start).to_list()
+        for i, text in enumerate(rows):
+            line_no = chunk.first_line + start + i
+            if not text or line_no in candidates or line_no <= HEAD_ROWS:
+                continue
+            prefix = strip_prefixes(text[:PARSE_CHARS], self.srun_labels, self.host_labels)
+            self._add_values(prefix.body, prefix.rank, line_no, None, True, False)
+
     def _add_values(
         self,
         body: str,
@@ -248,11 +267,12 @@ class _FileReader:
         printed_step: bool,
         has_loss: bool,
         shape: str | None = None,
+        pos: Callable[[int], int] | None = None,
     ) -> None:
         if len(self.value_lines) >= MAX_VALUE_LINES:
             self.value_lines_dropped += 1
             return
-        values = line_values(body, shape)
+        values = line_values(body, shape, pos)
         if not values:
             return
         step: int | None = None

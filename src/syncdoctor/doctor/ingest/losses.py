@@ -264,6 +264,7 @@ def parse_loss_line(body: str) -> list[LossPoint]:
 
 
 _DIGITS = re.compile(r"\d+")
+_DIGIT_RUNS = re.compile(r"(\d+)")
 
 
 class LossParser:
@@ -282,9 +283,13 @@ class LossParser:
     def __init__(self) -> None:
         self._shapes: dict[str, tuple[list[_Spec], list[int]]] = {}
         self.last_shape = ""  # the shape of the last line parsed (callers memo by it too)
+        # shape position -> position in the last line that held a loss point
+        self.last_pos: Callable[[int], int] | None = None
 
     def parse(self, body: str) -> list[LossPoint]:
-        shape = self.last_shape = _DIGITS.sub("0", body)
+        # one pass: the text between digit runs, and the runs (split keeps the group)
+        parts = _DIGIT_RUNS.split(body)
+        shape = self.last_shape = "0".join(parts[0::2])
         known = self._shapes.get(shape)
         if known is None:
             known = (_structure(shape), [m.start() for m in _DIGITS.finditer(shape)])
@@ -294,11 +299,12 @@ class LossParser:
         if not specs:
             return []
         # text position of shape position q: q plus the extra length of the runs before it
-        extra = list(accumulate((len(r) - 1 for r in _DIGITS.findall(body)), initial=0))
+        extra = list(accumulate((len(r) - 1 for r in parts[1::2]), initial=0))
 
         def pos(q: int) -> int:
             return q + extra[bisect_left(runs, q)]
 
+        self.last_pos = pos
         return [_fill(spec, body, pos) for spec in specs]
 
 

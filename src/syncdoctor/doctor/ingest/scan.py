@@ -78,6 +78,9 @@ ANY_PATTERN = CANDIDATE_PATTERN + "|" + LEVEL_PATTERN
 # The first lines of a file are read whatever they hold: what each rank prints once
 # at start (versions, world size, configuration) is compared across ranks.
 HEAD_ROWS = 200
+# ... and so are its last lines (ingest/core.py reads them once the file has ended):
+# what each rank prints once at the end (a final evaluation) is compared too.
+TAIL_ROWS = 200
 
 _CSV_OPTIONS = {
     "has_header": False,

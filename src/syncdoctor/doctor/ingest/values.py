@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 
 # Dates, clock times and elapsed times ("2026-11-29", "10:12:01.123", "00:01<00:08")
 _TIMES = re.compile(r"\d{4}[-/]\d\d[-/]\d\d(?:[ T_-]\d\d:\d\d(?::\d\d)?(?:[.,]\d+)*)?|\d+:\d\d(?::\d\d)?(?:[.,]\d+)*")
@@ -124,14 +125,32 @@ def _plan(text: str, matches: list[re.Match[str]]) -> list[_Role]:
     return roles
 
 
-def line_values(body: str, shape: str | None = None) -> dict[str, float]:
+# shape -> (key, start, end) of each value's digits in the shape: a line of a known
+# shape whose digit runs the loss parser has located is read without a regex.
+_FAST: dict[str, list[tuple[str, int, int]]] = {}
+
+
+def line_values(body: str, shape: str | None = None, pos: Callable[[int], int] | None = None) -> dict[str, float]:
     """The key -> number pairs of one line (the first value of a key wins).
 
     ``i/n`` counters give ``key`` = i and ``key_total`` = n; a counter with no key
     is ``counter``. A log repeats a few line shapes, differing in their digits: what
     each number is, is worked out once per shape (``shape``: the line with every
     digit run collapsed to "0", as the loss parser computes it), as the loss parser
-    does; timestamps are blanked only then."""
+    does; timestamps are blanked only then. ``pos`` maps a position in the shape to
+    one in ``body`` (the loss parser's, for the line it just parsed): then a known
+    shape's values are cut out of the line where the shape's numbers are."""
+    if pos is not None and shape is not None:
+        fast = _FAST.get(shape)
+        if fast is not None:
+            found: dict[str, float] = {}
+            for key, a, b in fast:
+                try:
+                    number = float(body[pos(a) : pos(b)])
+                except ValueError:
+                    number = math.nan
+                found.setdefault(key, number)
+            return found
     matches = list(_NUMBER.finditer(body))
     if not matches:
         return {}
@@ -142,6 +161,14 @@ def line_values(body: str, shape: str | None = None) -> dict[str, float]:
         roles = _plan_raw(body, matches)
         if len(_PLANS) < MAX_PLANS:
             _PLANS[shape] = roles
+    if pos is not None and shape not in _FAST and len(_FAST) < MAX_PLANS:
+        # the numbers of the shape are those of the line, digit runs collapsed: no
+        # part of _NUMBER depends on how many digits a run has
+        in_shape = list(_NUMBER.finditer(shape))
+        if len(in_shape) == len(matches):
+            _FAST[shape] = [
+                (role[0], m.start("num"), m.end("num")) for m, role in zip(in_shape, roles, strict=True) if role
+            ]
     out: dict[str, float] = {}
     for m, role in zip(matches, roles, strict=True):
         if role is None:
