@@ -16,6 +16,7 @@ facet, each facet a small module of related analyses:
 - ``ev.events``: communication and process events, failures, hangs, rebuilds
 - ``ev.buffers``: buffers nothing keeps in sync
 - ``ev.settings``: values every rank must share (the lr, what the logs show shared)
+- ``ev.evaluations``: final evaluations that differ across ranks, and the loss gaps' trend
 
 A new fact goes in the facet it belongs to, or in a new facet module with one
 line here. Each analysis is a cached property, so a rule that needs nothing from
@@ -30,6 +31,7 @@ from functools import cached_property
 from syncdoctor.doctor.evidence.agreement import Agreement
 from syncdoctor.doctor.evidence.buffers import Buffers
 from syncdoctor.doctor.evidence.data import Data
+from syncdoctor.doctor.evidence.evaluations import Evaluations
 from syncdoctor.doctor.evidence.events import Events
 from syncdoctor.doctor.evidence.fingerprints import Fingerprints
 from syncdoctor.doctor.evidence.loss import Loss, Offsets
@@ -87,6 +89,10 @@ class Evidence(Sources):
     @cached_property
     def settings(self) -> Settings:
         return Settings(self)
+
+    @cached_property
+    def evaluations(self) -> Evaluations:
+        return Evaluations(self, self.loss)
 
 
 __all__ = ["Divergence", "Evidence", "Facet", "Offsets", "Sources", "float_of", "int_of"]

@@ -36,7 +36,7 @@ class StartSeedDiffers(Rule):
     def evaluate(self, ev: Evidence) -> Finding | None:
         if ev.has_records:
             return None
-        p = ev.log_partings.get("seed")
+        p = ev.settings.log_partings.get("seed")
         if p is None:
             return None
         evidence = [

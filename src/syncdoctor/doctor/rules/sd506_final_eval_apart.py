@@ -1,36 +1,8 @@
 from __future__ import annotations
 
-from typing import Any
-
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
-from syncdoctor.doctor.must_equal import Drift, EvalParting, final_evaluations, loss_drift
 from syncdoctor.doctor.rules.base import Rule
-from syncdoctor.records.compare import describe_split
-
-
-def replicas_apart(ev: Evidence) -> tuple[list[EvalParting], Drift | None]:
-    """The evaluations every rank printed at the end that differ (logs only), and the
-    trend of the ranks' loss gaps; computed once per diagnosis."""
-    memo: dict[str, Any] = ev.__dict__.setdefault("_replicas_apart", {})
-    if "found" not in memo:
-        parted: list[EvalParting] = []
-        logs = ev.logs
-        if logs is not None and not ev.has_records:
-            parted = final_evaluations(logs.values, logs.losses)
-        memo["found"] = (parted, loss_drift(ev.loss_wide) if parted and ev.loss_wide.height else None)
-    found: tuple[list[EvalParting], Drift | None] = memo["found"]
-    return found
-
-
-def eval_evidence(parted: list[EvalParting]) -> str:
-    first = parted[0]
-    others = f" (also {', '.join(p.key for p in parted[1:4])})" if len(parted) > 1 else ""
-    return (
-        f"every rank evaluated after its last training step and the results differ: `{first.key}` "
-        f"{describe_split(first.values)} ({first.spread:.1%} apart; {first.source}:{first.line}){others}; "
-        "equal replicas evaluating the same data print the same result"
-    )
 
 
 class FinalEvaluationApart(Rule):
@@ -61,14 +33,14 @@ class FinalEvaluationApart(Rule):
     sources = ("logs",)
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        parted, drift = replicas_apart(ev)
+        parted, drift = ev.evaluations.parted, ev.evaluations.drift
         if not parted or (drift is not None and drift.drifting):
             return None
-        if ev.rank_only_keys or ev.log_partings:
+        if ev.settings.rank_only_keys or ev.settings.log_partings:
             # the logs show what parted the replicas (a rank-conditional branch, a value
             # that must be equal and is not): the evaluations are its consequence
             return None
-        evidence = [eval_evidence(parted)]
+        evidence = [ev.evaluations.describe()]
         if drift is not None:
             gaps = ", ".join(f"rank {r}: {drift.early[r]:+.1%} → {drift.late[r]:+.1%}" for r in sorted(drift.late))
             evidence.append(

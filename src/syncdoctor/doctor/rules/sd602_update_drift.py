@@ -3,7 +3,6 @@ from __future__ import annotations
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
-from syncdoctor.doctor.rules.sd506_final_eval_apart import eval_evidence, replicas_apart
 
 
 class UpdateDrift(Rule):
@@ -32,7 +31,7 @@ class UpdateDrift(Rule):
     sources = ("logs",)
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        parted, drift = replicas_apart(ev)
+        parted, drift = ev.evaluations.parted, ev.evaluations.drift
         if not parted or drift is None or not drift.drifting:
             return None
         moved = drift.drifting
@@ -41,7 +40,7 @@ class UpdateDrift(Rule):
             f"the ranks' losses start together and drift apart: gap to the same-step mean over steps "
             f"{drift.steps[0]}–{drift.steps[1]} against {drift.steps[2]}–{drift.steps[3]}: {gaps}; "
             "on equal replicas the gap is data noise with no trend",
-            eval_evidence(parted),
+            ev.evaluations.describe(),
             "the replicas started equal and each took updates of its own: an optimizer setting "
             "(lr, weight decay, momentum) differs across ranks",
         ]

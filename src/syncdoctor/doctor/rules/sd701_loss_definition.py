@@ -4,7 +4,6 @@ from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules._thresholds import OFFSET_MIN, OFFSET_SAME_SIDE, OFFSET_T
 from syncdoctor.doctor.rules.base import Rule
-from syncdoctor.doctor.rules.sd506_final_eval_apart import replicas_apart
 from syncdoctor.records.compare import describe_split, majority_outliers
 from syncdoctor.rulebook import fmt_ranks
 
@@ -56,7 +55,7 @@ class LossDefinitionMismatch(Rule):
             return None
         if ev.replicas.divergence is not None and ({"mode", "param", "counter"} & set(ev.replicas.divergence.what)):
             return None  # parted replicas or modes explain offsets better
-        if replicas_apart(ev)[0]:
+        if ev.evaluations.parted:
             return None  # the final evaluations differ: a loss definition leaves the replicas equal
         odd = [
             r
