@@ -3,10 +3,10 @@ docs to one definition: a field renamed on one side only fails here.
 
 - the reader's step schema and type checks are the contract's fields;
 - docs/records.md lists every contract field;
-- a real torch probe run (2 gloo ranks, tests/probe/scripts/contract_job.py) writes
+- a real torch probe run (2 gloo ranks, tests/e2e/probe/scripts/contract_job.py) writes
   only contract fields, with their types, and every field the contract says it writes
-  (the MindSpore probe: tests/mindspore/test_zero_code.py);
-- the doctor, reading that run, reads only contract fields;
+  (the MindSpore probe: tests/mindspore/test_zero_code.py), and the doctor, reading that
+  run, reads only contract fields: both in tests/e2e/probe/test_record_contract_torch.py;
 - and the other way: every field a probe writes is read by the doctor (its source
   names it), unless the contract's reader lists say who else reads it.
 """
@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +28,22 @@ from syncdoctor.records.schema import STEP_SCHEMA
 from syncdoctor.records.tail import NO_LR, format_step
 from syncdoctor.records.writer import RecordWriter
 
-ROOT = Path(__file__).resolve().parents[1]
-JOB = ROOT / "tests" / "probe" / "scripts" / "contract_job.py"
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "tests" / "e2e" / "probe" / "scripts" / "contract_job.py"
 
 # Fields the torch probe writes only where the short job cannot go, and why.
 TORCH_NOT_IN_SHORT_RUN = {
-    ("snapshot", "replica"): "sharded/hybrid jobs only (tests/probe/test_mesh*)",
-    ("snapshot", "init_param_fp_local"): "zero-code mode only (tests/probe/test_run_cli.py)",
-    ("snapshot", "segment"): "a model rebuilt in the process only (tests/probe/test_round_trip.py)",
-    ("step", "uncovered_grads"): "a parameter trained outside DDP's reducer only (tests/probe/test_round_trip.py)",
-    ("step", "uncovered_first"): "a parameter trained outside DDP's reducer only (tests/probe/test_round_trip.py)",
+    (
+        "snapshot",
+        "replica",
+    ): "sharded/hybrid jobs only (tests/e2e/lab/test_mesh_lab.py, tests/unit/probe/test_mesh_units.py)",
+    ("snapshot", "init_param_fp_local"): "zero-code mode only (tests/e2e/probe/test_run_cli.py)",
+    ("snapshot", "segment"): "a model rebuilt in the process only (tests/e2e/probe/test_round_trip.py)",
+    ("step", "uncovered_grads"): "a parameter trained outside DDP's reducer only (tests/e2e/probe/test_round_trip.py)",
+    ("step", "uncovered_first"): "a parameter trained outside DDP's reducer only (tests/e2e/probe/test_round_trip.py)",
     ("step", "replica_fps"): "sharded/hybrid jobs only",
     **{
-        ("event", name): "events come from probe failures and heals (tests/probe/test_heal.py)"
+        ("event", name): "events come from probe failures and heals (tests/e2e/probe/test_heal.py)"
         for name in contract.names("event")
     },
 }
@@ -245,105 +245,4 @@ def test_every_step_fast_path_keeps_the_contract() -> None:
         assert contract.violations(record) == []
 
 
-# -- slow: a real torch probe run, and the doctor reading it ----------------------------------------
-@pytest.fixture(scope="module")
-def torch_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from syncdoctor.lab.launch import free_port
-
-    run_dir = tmp_path_factory.mktemp("contract") / "run"
-    env = {
-        **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "WORLD_SIZE": "2",
-        settings.VALIDATE_RECORDS_ENV: "1",
-        "OMP_NUM_THREADS": "1",
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(JOB), str(run_dir)],
-            env={**env, "RANK": str(rank)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for rank in range(2)
-    ]
-    try:
-        outputs = [p.communicate(timeout=300)[0].decode(errors="replace") for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outputs)
-    return run_dir
-
-
-@pytest.mark.slow
-def test_torch_probe_writes_the_contract(torch_run: Path) -> None:
-    check_probe_runs([torch_run], contract.TORCH, TORCH_NOT_IN_SHORT_RUN)
-
-
-class _Reads(dict):
-    """A record that notes every key read from it (and from its sections)."""
-
-    def __init__(self, value: dict[str, Any], where: str, seen: set[tuple[str, str]]) -> None:
-        super().__init__(value)
-        self.where, self.seen = where, seen
-
-    def _note(self, key: Any) -> None:
-        self.seen.add((self.where, key))
-
-    def __getitem__(self, key: Any) -> Any:
-        self._note(key)
-        return self._wrap(key, super().__getitem__(key))
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        self._note(key)
-        return self._wrap(key, super().get(key, default))
-
-    def __contains__(self, key: Any) -> bool:
-        self._note(key)
-        return super().__contains__(key)
-
-    def _wrap(self, key: Any, value: Any) -> Any:
-        spec = next((f for f in contract.KINDS.get(self.where, ()) if f.name == key), None)
-        if spec is not None and spec.type == "section" and isinstance(value, dict):
-            return _Reads(value, f"{self.where}.{key}", self.seen)
-        return value
-
-
-def doctor_reads(run_dir: Path) -> tuple[set[tuple[str, str]], list[str]]:
-    """(where, key) the doctor reads from the run's non-step records, and its warnings."""
-    from syncdoctor.doctor.diagnose import diagnose_evidence
-    from syncdoctor.doctor.evidence import Evidence
-    from syncdoctor.records import read_run
-
-    records = read_run(run_dir)
-    seen: set[tuple[str, str]] = set()
-    records.snapshots = {r: _Reads(s, "snapshot", seen) for r, s in records.snapshots.items()}
-    records.checks = [_Reads(c, "check", seen) for c in records.checks]
-    records.events = [_Reads(e, "event", seen) for e in records.events]
-    records.ends = {r: _Reads(e, "end", seen) for r, e in records.ends.items()}
-    diagnosis = diagnose_evidence(Evidence(records=records))
-    return seen, diagnosis.warnings
-
-
-def contract_keys() -> set[tuple[str, str]]:
-    out = set()
-    for kind, fields in contract.KINDS.items():
-        for f in fields:
-            out.add((kind, f.name))
-            out.update((f"{kind}.{f.name}", sub.name) for sub in f.fields)
-    return out
-
-
-@pytest.mark.slow
-def test_doctor_reads_only_contract_fields(torch_run: Path) -> None:
-    seen, warnings = doctor_reads(torch_run)
-    assert seen, "the doctor read nothing: the tracking lost the records"
-    unknown = sorted(seen - contract_keys())
-    assert not unknown, f"the doctor reads fields no contract defines (so no probe writes them): {unknown}"
-    # A step column the doctor reads that the reader's schema (the contract) lacks fails the rule.
-    failed = [w for w in warnings if "failed on this input" in w]
-    assert not failed, failed
+# The real torch probe run and the doctor reading it: tests/e2e/probe/test_record_contract_torch.py.

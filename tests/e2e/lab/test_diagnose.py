@@ -61,7 +61,7 @@ def test_crash_blames_the_rank_that_died_not_the_network(lab) -> None:
 
 def _logs_only(run_out: Path, dest: Path) -> Path:
     """The run's training logs as a user without the probe has them: the probe changes
-    nothing in training (tests/zoo shows it bitwise), so dropping the lines it printed
+    nothing in training (tests/e2e/zoo shows it bitwise), so dropping the lines it printed
     leaves the plain logs, and the probe run is shared instead of run again."""
     dest.mkdir(parents=True)
     for log in run_out.glob("train.log*"):

@@ -121,8 +121,9 @@ def test_summed_gradients_show_in_the_reduce_ratio(lab) -> None:
     assert summed_excess["steps"] >= 2 and summed_excess["median"] > 1
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize("seed", [0, 1, 2])
+# Three seeds at world size 2 and one at 4: the clean runs the doctor's healthy tests
+# read too (tests/e2e/lab/test_diagnose.py); more seeds at 4 prove nothing new.
+@pytest.mark.parametrize(("seed", "world_size"), [(0, 2), (1, 2), (2, 2), (0, 4)])
 def test_clean_runs_raise_no_mismatch(lab, world_size: int, seed: int) -> None:
     result = lab("clean", world_size=world_size, seed=seed)
     assert result.ok

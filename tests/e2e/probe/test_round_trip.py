@@ -11,7 +11,7 @@ import pytest
 
 from syncdoctor.doctor.diagnose import diagnose
 from syncdoctor.records import read_run
-from tests.probe.test_run_cli import torchrun_syncdoctor
+from tests.e2e.probe.test_run_cli import torchrun_syncdoctor
 
 pytestmark = pytest.mark.slow
 

@@ -165,7 +165,7 @@ def test_single_scales_the_batch_to_the_compared_global_batch() -> None:
 # ---------------------------------------------------------------------- the lab, under `syncdoctor run`
 # (variant, lab fault, the cause the variant must remove, extra lab options). Without
 # the variant, each of these runs (20 steps, one epoch, a check every 5) is named with that cause.
-# The variants the experiment's own lab tests (tests/experiment/test_experiment_lab.py)
+# The variants the experiment's own lab tests (tests/e2e/experiment/test_experiment_lab.py)
 # do not exercise on this fault: there, unseeded-shuffle is shown removed by `data`; the
 # other four pairs are shown there end to end, once each in CI.
 FIRES = [

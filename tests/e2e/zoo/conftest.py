@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from syncdoctor.lab.launch import free_port
-from tests.zoo.scenarios import CHECK_EVERY, PROGRAMS, PROGRAMS_DIR, STEPS
+from tests.e2e.zoo.scenarios import CHECK_EVERY, PROGRAMS, PROGRAMS_DIR, STEPS
 
 RUN_TIMEOUT_S = 600
 JOBS = max(1, int(os.environ.get("SYNCDOCTOR_ZOO_JOBS", "2")))

@@ -1,5 +1,5 @@
 """Print the zoo's table (docs/zoo.md) from kept run folders:
-`SYNCDOCTOR_ZOO_DIR=/tmp/zoo pytest tests/zoo -m slow; python -m tests.zoo.table /tmp/zoo`."""
+`SYNCDOCTOR_ZOO_DIR=/tmp/zoo pytest tests/e2e/zoo -m slow; python -m tests.e2e.zoo.table /tmp/zoo`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from tests.zoo.conftest import diagnose_json
-from tests.zoo.scenarios import PROGRAMS, SCENARIOS, Expected
+from tests.e2e.zoo.conftest import diagnose_json
+from tests.e2e.zoo.scenarios import PROGRAMS, SCENARIOS, Expected
 
 
 def _expected(e: Expected) -> str:

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from tests.zoo.scenarios import HEALTHY, PROGRAMS, SCENARIOS
+from tests.e2e.zoo.scenarios import HEALTHY, PROGRAMS, SCENARIOS
 
 _MISSING = [m for m in ("lightning", "transformers", "accelerate", "sklearn") if importlib.util.find_spec(m) is None]
 pytestmark = [

@@ -16,7 +16,7 @@ from syncdoctor.lab.faults import FAULTS
 from syncdoctor.lab.runner import LAB_CHECK_EVERY
 from syncdoctor.probe.core import DEFAULT_CHECK_EVERY
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RANK_TABLES = REPO / "tests" / "rules" / "_shared" / "rank_tables"
 BAD_SCRIPT = REPO / "tests" / "rules" / "PF314" / "fire.py"
 

@@ -15,7 +15,7 @@ from syncdoctor.cli import main
 pytest.importorskip("tensorboardX")
 from tensorboardX.proto import event_pb2  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "report"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "report"))
 from runs import write_run  # noqa: E402
 
 

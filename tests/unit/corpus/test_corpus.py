@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.bench_corpus import doctor_top as _doctor_top
 from benchmarks.bench_corpus import keyword_floor
-from tests.corpus.corpus import load_cases, split_of
+from tests.unit.corpus.corpus import load_cases, split_of
 
 CASES = load_cases()
 DEV = [c for c in CASES if c.split == "dev"]

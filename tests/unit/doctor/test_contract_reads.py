@@ -1,5 +1,5 @@
 """The doctor's reads of record fields that were once written and read by nothing
-(tests/test_record_contract.py holds the doctor to reading every field a probe
+(tests/unit/test_record_contract.py holds the doctor to reading every field a probe
 writes): each one changes a diagnosis or the report, and stays silent when the
 field holds nothing unusual. Hand-written record folders, no training."""
 
@@ -16,7 +16,7 @@ from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.report.html import render_html
 from syncdoctor.doctor.report.terminal import render_terminal
 from syncdoctor.records import read_run
-from tests.doctor.test_rules_records import write_run
+from tests.unit.doctor.test_rules_records import write_run
 
 TENSORS = ["fc1.weight", "fc1.bias", "fc2.weight"]
 

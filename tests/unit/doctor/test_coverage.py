@@ -10,7 +10,7 @@ from typing import Any
 
 from syncdoctor.doctor.diagnose import diagnose
 from syncdoctor.doctor.report.html import render_html
-from tests.doctor.test_rules_records import write_run
+from tests.unit.doctor.test_rules_records import write_run
 
 
 def _rewrite(run: Path, change: Callable[[dict[str, Any]], dict[str, Any]]) -> Path:

@@ -13,7 +13,7 @@ from syncdoctor.doctor.ingest.events import classify
 from syncdoctor.doctor.ingest.files import rank_from_path
 from syncdoctor.doctor.ingest.losses import LossParser, parse_loss_line
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 PLAYBOOK = [0.25, 0.34, 0.49, 0.28, 0.52, 0.81, 0.96, 0.67, 1.12, 1.56]
 
 

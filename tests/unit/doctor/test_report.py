@@ -17,7 +17,7 @@ from syncdoctor.doctor.report.common import clean, fmt_num
 from syncdoctor.doctor.series import downsample
 from syncdoctor.rulebook import fmt_ranks
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "report"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "report"))
 from hostile import (  # noqa: E402
     ANSI_CLEAR,
     ANSI_TITLE,

@@ -4,7 +4,7 @@ The report holds no script at all (its charts are static SVG drawn in Python), a
 its Content-Security-Policy forbids every script, so a payload that slipped through
 escaping still could not run. CI installs Chromium (scripts/setup.sh --test); without
 it the browser test is skipped (with the reason), the static checks still run. The
-browser helpers are shared with tests/reliability/test_hostile_e2e.py
+browser helpers are shared with tests/unit/reliability/test_hostile_e2e.py
 (tests/fixtures/report/browser.py).
 """
 
@@ -18,7 +18,7 @@ import pytest
 
 from syncdoctor.doctor.report import render_html
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "report"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "report"))
 from browser import CHROMIUM, SKIP_REASON, dump_dom, hostile_traces  # noqa: E402
 from hostile import HOSTILE_TEXTS, TOP_TITLE, hostile_diagnosis  # noqa: E402
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = Path(__file__).resolve().parents[1] / "rules" / "_shared"
+FIXTURES = Path(__file__).resolve().parents[2] / "rules" / "_shared"
 
 
 @pytest.fixture

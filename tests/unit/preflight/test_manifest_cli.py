@@ -9,7 +9,7 @@ from syncdoctor.cli import main
 from syncdoctor.preflight.manifest import load_manifest, write_manifest
 from syncdoctor.preflight.registry import all_checks
 
-RULES = Path(__file__).resolve().parents[1] / "rules"
+RULES = Path(__file__).resolve().parents[2] / "rules"
 
 
 def _tree(root: Path, loss_src: str) -> Path:

@@ -9,7 +9,7 @@ import pytest
 
 from syncdoctor.preflight import run_preflight
 
-RULES = Path(__file__).resolve().parents[1] / "rules"
+RULES = Path(__file__).resolve().parents[2] / "rules"
 
 
 def test_noqa_suppresses_only_the_named_code(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ def test_seed_set_in_another_file_counts(tmp_path: Path) -> None:
 
 
 def test_lab_clean_training_code_has_no_findings() -> None:
-    lab = Path(__file__).resolve().parents[2] / "src" / "syncdoctor" / "lab" / "train_torch.py"
+    lab = Path(__file__).resolve().parents[3] / "src" / "syncdoctor" / "lab" / "train_torch.py"
     if not lab.exists():
         pytest.skip("lab training script not written yet")
     assert [f.render() for f in run_preflight([lab])] == []

@@ -1,5 +1,5 @@
 """The canary forward (probe/canary.py) and the rule that reads it (SD504): single
-processes here; the multi-rank lab runs are in tests/lab/test_canary_lab.py."""
+processes here; the multi-rank lab runs are in tests/e2e/lab/test_canary_lab.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from syncdoctor.doctor.diagnose import diagnose
 from syncdoctor.probe.canary import Canary
 from syncdoctor.records import read_run
 
-FIXTURES = Path(__file__).resolve().parents[1] / "rules" / "SD504"
+FIXTURES = Path(__file__).resolve().parents[2] / "rules" / "SD504"
 
 
 class SmallNet(nn.Module):

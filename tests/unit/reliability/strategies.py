@@ -14,8 +14,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-RANK_TABLES = Path(__file__).resolve().parents[1] / "rules" / "_shared" / "rank_tables"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+RANK_TABLES = Path(__file__).resolve().parents[2] / "rules" / "_shared" / "rank_tables"
 
 # Numbers as a log prints them, including the ones that break naive parsing.
 ABSURD_NUMBERS = (

@@ -17,7 +17,7 @@ atheris = pytest.importorskip(
     "atheris", reason="atheris not installed (pip install atheris; wheels for CPython 3.8-3.11 on Linux)"
 )
 
-FUZZ_DIR = Path(__file__).resolve().parents[2] / "fuzz"
+FUZZ_DIR = Path(__file__).resolve().parents[3] / "fuzz"
 SECONDS = int(os.environ.get("SYNCDOCTOR_FUZZ_SECONDS", "5"))
 _EXECUTED = re.compile(r"stat::number_of_executed_units:\s*(\d+)")
 

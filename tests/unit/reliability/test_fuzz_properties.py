@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fuzz"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "fuzz"))
 import targets  # noqa: E402
 
 from .strategies import log_folders, rank_table_texts, record_folders  # noqa: E402

@@ -2,7 +2,7 @@
 through the CLI, the terminal output checked for control sequences, the HTML
 opened in headless Chromium and checked for any trace of a payload having run.
 (The renderers' own escaping tests, on a synthetic Diagnosis, are in
-tests/doctor/test_report*.py; this one feeds the payloads in through the parsers.)"""
+tests/unit/doctor/test_report*.py; this one feeds the payloads in through the parsers.)"""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 
 from syncdoctor.cli import main
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "report"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fuzz"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "report"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "fuzz"))
 from browser import CHROMIUM, SKIP_REASON, dump_dom, hostile_traces  # noqa: E402
 from corpus import synthetic_records  # noqa: E402
 from hostile import ALL_HOSTILE, CLOSE_SCRIPT, IMG_ONERROR, SCRIPT_TAG  # noqa: E402

@@ -1,6 +1,6 @@
 """Size: a 100 MB single line, 1,024 rank files in one folder, missing ranks and
 mixed world sizes, all through the whole diagnosis. (Ingest-level checks of long
-lines and missing ranks are in tests/doctor/test_ingest_robust.py; the 5 GB stream
+lines and missing ranks are in tests/unit/doctor/test_ingest_robust.py; the 5 GB stream
 is benchmarks/bench_bigfile.py.)"""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from syncdoctor.cli import main
 from syncdoctor.doctor.diagnose import diagnose
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fuzz"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "fuzz"))
 from corpus import synthetic_records  # noqa: E402
 
 LINE_BYTES = 100 * 1000 * 1000

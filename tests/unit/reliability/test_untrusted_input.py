@@ -15,7 +15,7 @@ import pytest
 from syncdoctor.cli import main
 from syncdoctor.records import RecordError, read_run
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "syncdoctor"
+SRC = Path(__file__).resolve().parents[3] / "src" / "syncdoctor"
 
 # Modules whose only use is turning bytes into live objects or running code.
 UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle", "joblib", "runpy", "code"}
@@ -104,7 +104,7 @@ def _records(tmp_path: Path, lines: list[str]) -> Path:
 
 @pytest.mark.parametrize("later", [False, True], ids=["first-record", "later-record"])
 def test_unknown_schema_version_is_refused_in_one_clear_line(tmp_path, capsys, later):
-    """tests/doctor/test_diagnose.py checks the exit code; this checks the message."""
+    """tests/e2e/lab/test_diagnose.py checks the exit code; this checks the message."""
     lines = ['{"v":1,"kind":"snapshot","world_size":1}'] if later else []
     run = _records(tmp_path, [*lines, '{"v":2,"kind":"step","rank":0,"step":1}'])
     with pytest.raises(RecordError) as info:

@@ -1,5 +1,5 @@
 """A short 2-rank gloo job that makes the torch probe write every field it can
-without a mesh or a heal (tests/test_record_contract.py): sample ids, a loss scale, a
+without a mesh or a heal (tests/unit/test_record_contract.py): sample ids, a loss scale, a
 skipped update, a NaN loss, activation statistics, a baseline, a sampler, and on rank
 1 a parameter nudged after step 4 (a mismatch). Usage: contract_job.py RUN_DIR."""
 
