@@ -51,9 +51,10 @@ else
     # the demo itself. One import of what a lab rank imports compiles just that, once,
     # instead of in every rank process at its first start.
     # (env -u: a shell with PYTHONDONTWRITEBYTECODE=1 would keep nothing of it.)
-    env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "import torch.distributed, torch.nn.parallel, syncdoctor.probe, syncdoctor.lab.runner, syncdoctor.doctor.diagnose, syncdoctor.doctor.report"
+    # It names the torch it imported too (one import of torch costs seconds).
+    VERSION=$(env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "import torch.distributed, torch.nn.parallel, syncdoctor.probe, syncdoctor.lab.runner, syncdoctor.doctor.diagnose, syncdoctor.doctor.report, torch; print('torch', torch.__version__)")
 fi
-echo "syncdoctor set up in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
+echo "syncdoctor set up in .venv (${VERSION:-$(.venv/bin/python -c 'import torch; print("torch", torch.__version__)')})"
 if [ "$TEST" = 0 ]; then
     echo "next: .venv/bin/syncdoctor demo   (the test set-up: bash scripts/setup.sh --test, or just bash scripts/test.sh)"
     exit 0
