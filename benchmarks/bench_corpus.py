@@ -1,4 +1,4 @@
-"""Benchmark: the log-only doctor on the corpus of real public cases (tests/corpus/).
+"""Benchmark: the log-only doctor on the corpus of real public cases (tests/unit/corpus/).
 
 For every case it runs ``syncdoctor.doctor.diagnose`` on the case's verbatim log and
 takes the top category: the category of the first error- or warning-severity
@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.corpus.corpus import Case, load_cases  # noqa: E402
+from tests.unit.corpus.corpus import Case, load_cases  # noqa: E402
 
 
 def keyword_floor(text: str) -> str:

@@ -1,5 +1,5 @@
 """The four fuzz targets, shared by the atheris harnesses (fuzz/fuzz_*.py) and the
-hypothesis property tests (tests/reliability/test_fuzz_properties.py), so both feed
+hypothesis property tests (tests/unit/reliability/test_fuzz_properties.py), so both feed
 the same code the same way and hold it to the same contract:
 
     only the documented input errors may escape (``syncdoctor.errors.InputError``,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs Debian's headless-capable Chromium for the HTML report test
-# (tests/doctor/test_report_html.py). Idempotent: does nothing when present.
+# (tests/unit/doctor/test_report_html.py). Idempotent: does nothing when present.
 set -euo pipefail
 
 if [ -x /usr/bin/chromium ]; then

@@ -1,10 +1,16 @@
-"""Shared fixtures. Lab runs are real multi-process jobs (seconds each), so every
-test module asks for them through one session-wide cache: each configuration
-runs once per test session."""
+"""Shared fixtures and the tiers. Lab runs are real multi-process jobs (seconds each),
+so every test module asks for them through one session-wide cache: each configuration
+runs once per test session, and once for all the workers of a parallel run
+(pytest-xdist: the first worker to need it runs it, the others wait for it and read it)."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
 import os
+import pickle
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -15,12 +21,55 @@ from syncdoctor.lab.runner import LabResult, run_lab
 LAB_PG_TIMEOUT_S = 10.0
 
 
+# The tiers are folders: tests/unit and tests/rules are the fast tier (no training,
+# seconds in all), tests/e2e is the slow tier (real multi-process training), and
+# tests/mindspore runs in its own environment (.venv-ms). The slow mark follows the
+# folder, so `-m "not slow"` and `pytest tests/unit tests/rules` select the same tests.
+TESTS = Path(__file__).resolve().parent
+SLOW_DIRS = (TESTS / "e2e", TESTS / "mindspore")
+FAST_DIRS = (TESTS / "unit", TESTS / "rules")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that asks for a lab run spawns real multi-process training: it is slow,
-    whatever module it is in (modules that mix fast and lab tests need no marks)."""
+    """Marks every test under tests/e2e (and tests/mindspore) slow, by its path; a test
+    of the fast tier that asks for a lab run (real training) is an error: it belongs
+    under tests/e2e."""
     for item in items:
-        if "lab" in getattr(item, "fixturenames", ()):
+        path = Path(str(item.path)).resolve()
+        if any(path.is_relative_to(d) for d in SLOW_DIRS):
             item.add_marker(pytest.mark.slow)
+        elif "lab" in getattr(item, "fixturenames", ()) and any(path.is_relative_to(d) for d in FAST_DIRS):
+            raise pytest.UsageError(f"{item.nodeid} asks for a lab run (real training): move it under tests/e2e/")
+
+
+# Fuzz inputs tried, by target (tests/unit/reliability adds to it). The summary is printed
+# by the process that reports: under pytest-xdist each worker hands its counts back when
+# it ends, and the controller sums them.
+FUZZ_COUNTS: Counter[str] = Counter()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    FUZZ_COUNTS.update(getattr(node, "workeroutput", {}).get("fuzz_counts", {}))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["fuzz_counts"] = dict(FUZZ_COUNTS)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not FUZZ_COUNTS:
+        return
+    terminalreporter.section("fuzz inputs tried")
+    for name, n in sorted(FUZZ_COUNTS.items()):
+        terminalreporter.write_line(f"{name:<28} {n:>9,}")
+    terminalreporter.write_line(f"{'total':<28} {sum(FUZZ_COUNTS.values()):>9,}")
+    out = os.environ.get("SYNCDOCTOR_FUZZ_REPORT")
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(dict(FUZZ_COUNTS), f, indent=1)
 
 
 def pids_running_with(text: str) -> list[int]:
@@ -41,15 +90,33 @@ def pids_running_with(text: str) -> list[int]:
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory):
+    """`lab(fault, ...)` runs that lab configuration once and gives its LabResult. Under
+    pytest-xdist the workers share one folder (the parent of their temporary folders):
+    the first worker to ask for a configuration runs it under a file lock, and every
+    other worker waits for the lock and reads the result it left, so one run folder is
+    diagnosed by every test that needs it, whichever worker runs the test."""
     cache: dict[tuple, LabResult] = {}
-    root = tmp_path_factory.mktemp("lab")
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent / "lab-shared" if os.environ.get("PYTEST_XDIST_WORKER") else base / "lab"
+    root.mkdir(parents=True, exist_ok=True)
 
     def run(fault: str, variant: str = "", world_size: int = 2, seed: int = 0, **kwargs) -> LabResult:
         key = (fault, variant, world_size, seed, tuple(sorted(kwargs.items())))
         if key not in cache:
-            name = "-".join(str(p) for p in (fault, variant or "default", f"w{world_size}", f"s{seed}", len(cache)))
-            kwargs.setdefault("pg_timeout_s", LAB_PG_TIMEOUT_S)
-            cache[key] = run_lab(fault, variant=variant, world_size=world_size, seed=seed, out=root / name, **kwargs)
+            digest = hashlib.sha256(repr(key).encode()).hexdigest()[:10]
+            name = "-".join(str(p) for p in (fault, variant or "default", f"w{world_size}", f"s{seed}", digest))
+            saved = root / f"{name}.pickle"
+            with open(root / f"{name}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                if saved.exists():
+                    cache[key] = pickle.loads(saved.read_bytes())
+                else:
+                    kwargs.setdefault("pg_timeout_s", LAB_PG_TIMEOUT_S)
+                    result = run_lab(
+                        fault, variant=variant, world_size=world_size, seed=seed, out=root / name, **kwargs
+                    )
+                    saved.write_bytes(pickle.dumps(result))
+                    cache[key] = result
         return cache[key]
 
     return run

@@ -156,9 +156,9 @@ MS_NOT_IN_THESE_RUNS = {
 def test_probe_writes_the_record_contract(ms_jobs) -> None:
     """Every record of these runs keeps records/contract.py (the validating writer was
     on), and together they write every field the contract says this probe writes
-    (tests/test_record_contract.py holds the torch probe, the reader and the doctor to it)."""
+    (tests/unit/test_record_contract.py holds the torch probe, the reader and the doctor to it)."""
     from syncdoctor.records import contract
-    from tests.test_record_contract import check_probe_runs
+    from tests.unit.test_record_contract import check_probe_runs
 
     runs = [Path(ms_jobs.get(name)["dir"]) for name in ("zc-model-clean", "zc-functional-clean", "zc-model-eval-rank")]
     check_probe_runs(runs, contract.MINDSPORE, MS_NOT_IN_THESE_RUNS)

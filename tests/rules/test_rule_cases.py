@@ -14,11 +14,20 @@ optional `cases.json` in the code's folder adds what a case expects, by case nam
   (the input is given as `--rank-table`), `environ` (the launch environment),
   `compare` (manifests to compare). A script's expected findings are its
   `# expect: CODE` comments, all codes together: its silent twin expects none.
+
+Every fire case also keeps the text of its finding (title, ranks, step, tensor,
+evidence and fix; for a preflight check its rendered lines) in
+`CODE/snapshots/CASE.txt`, compared here, so a change of wording shows in review.
+After changing a rule's text on purpose, refresh them and review the diff:
+
+    SYNCDOCTOR_UPDATE_SNAPSHOTS=1 .venv/bin/python -m pytest tests/rules -q
+    git diff tests/rules/*/snapshots
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -28,7 +37,7 @@ from typing import Any
 import pytest
 
 from syncdoctor.doctor.diagnose import diagnose
-from syncdoctor.doctor.model import Diagnosis
+from syncdoctor.doctor.model import Diagnosis, Finding
 from syncdoctor.doctor.rules import all_rules
 from syncdoctor.preflight import run_preflight
 from syncdoctor.preflight.model import PreflightFinding
@@ -37,6 +46,7 @@ from syncdoctor.preflight.registry import all_checks
 HERE = Path(__file__).resolve().parent
 CODE_DIR = re.compile(r"^(SD|PF)\d{3}$")
 _EXPECT = re.compile(r"#\s*expect:\s*(PF\d{3})")
+UPDATE_SNAPSHOTS = os.environ.get("SYNCDOCTOR_UPDATE_SNAPSHOTS") == "1"
 
 
 @dataclass(frozen=True)
@@ -123,6 +133,7 @@ def check_doctor_case(case: Case) -> None:
     if "step" in case.options:
         assert finding.step == case.options["step"]
     assert finding.fix, f"{case}: the finding carries no fix (the rule's docstring lacks **Fix:**)"
+    check_snapshot(case, finding_text(finding))
 
 
 def check_preflight_case(case: Case) -> None:
@@ -131,6 +142,8 @@ def check_preflight_case(case: Case) -> None:
         expected = script_expectations(case.path)
         assert {(f.path, f.line, f.code) for f in findings} == expected
         assert bool(expected) == case.fires, f"{case}: a fire case marks its lines, a silent one none"
+        if case.fires:
+            check_snapshot(case, "".join(_portable(f.render()) + "\n" for f in findings))
         return
     mine = [f for f in findings if f.code == case.code]
     if not case.fires:
@@ -139,6 +152,46 @@ def check_preflight_case(case: Case) -> None:
     assert mine, f"{case} must fire: {[f.render() for f in findings]}"
     if "lines" in case.options:
         assert [f.line for f in mine] == case.options["lines"], [f.render() for f in mine]
+    check_snapshot(case, "".join(_portable(f.render()) + "\n" for f in mine))
+
+
+def _portable(text: str) -> str:
+    """The text with this checkout's paths written relative to tests/rules/."""
+    return text.replace(str(HERE) + os.sep, "").replace(str(HERE.parent) + os.sep, ".." + os.sep)
+
+
+def finding_text(finding: Finding) -> str:
+    lines = [f"{finding.code} {finding.title}"]
+    lines += [f"ranks: {finding.ranks}", f"step: {finding.step}", f"tensor: {finding.tensor}", "evidence:"]
+    lines += [f"- {e}" for e in finding.evidence]
+    lines += ["fix:", finding.fix]
+    return _portable("\n".join(lines)) + "\n"
+
+
+def snapshot_path(case: Case) -> Path:
+    return HERE / case.code / "snapshots" / f"{case.name}.txt"
+
+
+def check_snapshot(case: Case, text: str) -> None:
+    """The finding's text is the committed snapshot (SYNCDOCTOR_UPDATE_SNAPSHOTS=1 writes it)."""
+    path = snapshot_path(case)
+    if UPDATE_SNAPSHOTS:
+        path.parent.mkdir(exist_ok=True)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        return
+    assert path.exists(), f"{case}: no snapshot {path.relative_to(HERE)} (SYNCDOCTOR_UPDATE_SNAPSHOTS=1 writes it)"
+    assert path.read_text() == text, (
+        f"{case}: the finding's text is not {path.relative_to(HERE)}; if the change is meant, "
+        "refresh with SYNCDOCTOR_UPDATE_SNAPSHOTS=1 and commit the diff"
+    )
+
+
+def test_every_fire_case_has_a_snapshot_and_every_snapshot_a_fire_case() -> None:
+    fire = {snapshot_path(c) for c in ALL_CASES if c.fires}
+    kept = {p for folder in code_folders() for p in (folder / "snapshots").glob("*.txt")}
+    assert sorted(map(str, fire - kept)) == [], "fire cases without a snapshot (SYNCDOCTOR_UPDATE_SNAPSHOTS=1)"
+    assert sorted(map(str, kept - fire)) == [], "snapshots of no fire case (a case renamed or removed: delete them)"
 
 
 def test_every_rule_and_check_has_a_fixture_folder_with_both_kinds_of_case() -> None:

@@ -1,5 +1,5 @@
 """The record contract: the one definition of every field a probe writes and the
-doctor reads (docs/records.md shows it; tests/test_record_contract.py holds both
+doctor reads (docs/records.md shows it; tests/unit/test_record_contract.py holds both
 probes and the reader to it).
 
 Each record kind is a tuple of `Field`s: a name, a type and a one-line meaning. The

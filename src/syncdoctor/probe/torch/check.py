@@ -72,7 +72,7 @@ def job_store(timeout_s: float) -> Any:
     by `timeout_s` (the job's own timeout, often 30 minutes, stays as it is)."""
     store = dist.distributed_c10d._get_default_store()
     try:
-        store = store.clone()  # type: ignore[attr-defined]  # a Store method missing from torch's stubs
+        store = store.clone()  # type: ignore[attr-defined, unused-ignore]  # in torch>=2.14's stubs only
         store.set_timeout(timedelta(seconds=timeout_s))
     except Exception:
         pass  # an older torch: the job's own store timeout bounds every call

@@ -1,0 +1,163 @@
+"""Probe → records → doctor without shortcuts: an ordinary DDP script with a real
+DistributedSampler loader runs unmodified under `syncdoctor run -- torchrun`, and the
+doctor reads what the probe wrote (no lab-made loader dict, no hand-built records)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from syncdoctor.doctor.diagnose import diagnose
+from syncdoctor.records import read_run
+from tests.e2e.probe.test_run_cli import torchrun_syncdoctor
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def torchrun(tmp_path_factory: pytest.TempPathFactory):
+    cache: dict[tuple[str, ...], Path] = {}
+
+    def run(*script_args: str, nproc: int = 2) -> Path:
+        key = (str(nproc), *script_args)
+        if key not in cache:
+            out = tmp_path_factory.mktemp("roundtrip") / "run"
+            proc = torchrun_syncdoctor(out, "ddp_train.py", *script_args, nproc=nproc, extra=("--check-every", "5"))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            cache[key] = out
+        return cache[key]
+
+    return run
+
+
+def test_healthy_run_with_a_real_distributed_sampler(torchrun) -> None:
+    out = torchrun("--steps", "60")
+    run = read_run(out)
+    for rank, snap in run.snapshots.items():
+        loader = snap["loader"]
+        assert loader["sampler"] == "DistributedSampler"
+        assert loader["num_replicas"] == 2 and loader["rank"] == rank and loader["seed"] == 0
+        assert snap["init_param_fp_before_update"] is True
+    diag = diagnose([out])
+    assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
+    # The live check kept confirming blocks to the end of the run.
+    ok = [c for c in run.checks if c["status"] == "ok"]
+    assert ok and max(c["step"] for c in ok) == 60
+    covered = sorted((c["detail"]["first_step"], c["step"]) for c in ok)
+    assert covered[0][0] == 1
+
+
+def test_rank_dependent_weight_decay_is_the_optimizer_not_the_init(torchrun) -> None:
+    # Three ranks, rank 0 odd: the weights DDP starts from are identical everywhere, the
+    # first update already differs. A configuration seen different at start is the cause.
+    out = torchrun("--steps", "30", "--odd-weight-decay-rank", "0", nproc=3)
+    diag = diagnose([out])
+    top = diag.findings[0]
+    assert top.code == "SD601" and top.category == "optim.state_mismatch", [
+        (f.code, f.confidence) for f in diag.findings
+    ]
+    assert top.ranks == [0]
+    assert any("weight_decay 0 (ranks 1, 2) vs 0.01 (rank 0)" in line for line in top.evidence), top.evidence
+    assert "SD501" not in {f.code for f in diag.findings}
+
+
+def test_two_ranks_disagreeing_name_no_culprit(torchrun) -> None:
+    out = torchrun("--steps", "30", "--odd-weight-decay-rank", "0")
+    diag = diagnose([out])
+    assert diag.findings[0].code == "SD601" and diag.findings[0].ranks == [0, 1]
+    logs = "".join((out / "logs" / f"rank{r}.log").read_text() for r in (0, 1))
+    assert "no majority to tell which side is odd" in logs
+    assert "odd one out" not in logs
+
+
+def test_nan_on_one_rank_survives_the_round_trip(torchrun) -> None:
+    out = torchrun("--steps", "20", "--nan-at", "1:12")
+    run = read_run(out)
+    nan_rows = run.steps.filter(run.steps["loss"].is_nan())
+    assert nan_rows.height and int(nan_rows["step"].min()) == 12
+    diag = diagnose([out])
+    assert diag.verdict != "healthy"
+    nonfinite = next(f for f in diag.findings if f.code == "SD904")
+    assert nonfinite.ranks == [1] and nonfinite.step == 12 and nonfinite.severity == "error"
+    assert json.dumps(diag.to_json())  # the report stays serialisable with NaN in it
+
+
+def test_nan_on_every_rank_is_not_healthy(torchrun) -> None:
+    diag = diagnose([torchrun("--steps", "20", "--nan-at", "all:8")])
+    assert diag.verdict != "healthy"
+    assert any(f.code == "SD904" and f.step == 8 for f in diag.findings)
+
+
+def _coverage(out: Path) -> list[str]:
+    return diagnose([out]).coverage
+
+
+def test_the_steps_after_the_last_check_step_are_compared_at_close(torchrun) -> None:
+    """23 steps, a check every 5: steps 21-23 are compared once more when the run ends."""
+    out = torchrun("--steps", "23")
+    diag = diagnose([out])
+    assert diag.verdict == "healthy"
+    assert diag.coverage == ["replicas compared at 6 checks, steps 1-23"]
+    assert max(c["step"] for c in read_run(out).checks if c["status"] == "ok") == 23
+
+
+def test_replicas_that_part_after_the_last_check_step_are_caught_at_close(torchrun) -> None:
+    out = torchrun("--steps", "23", "--part-at", "1:22")
+    diag = diagnose([out])
+    assert diag.verdict == "sync_problem"
+    mismatch = [c for c in read_run(out).checks if c["status"] == "mismatch"]
+    assert mismatch and mismatch[0]["step"] == 23 and mismatch[0]["tensor"] == "fc.bias"
+
+
+def test_weights_changed_on_one_rank_after_training_are_no_mismatch(torchrun) -> None:
+    """Near miss: rank 0 edits its weights after the last step (a checkpoint loaded for
+    its own evaluation). Nothing is compared at close, and the verdict says why."""
+    out = torchrun("--steps", "23", "--edit-after-training", "0")
+    diag = diagnose([out])
+    assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
+    assert not [c for c in read_run(out).checks if c["status"] == "mismatch"]
+    assert "steps 21-23 ran after the last check and were not compared" in diag.coverage[1]
+    assert "the parameters changed after the last step on 1 of 2 ranks" in diag.coverage[1]
+
+
+@pytest.mark.parametrize("fault", [False, True])
+def test_a_model_rebuilt_in_the_same_process_is_the_same_replicas_next_segment(tmp_path: Path, fault: bool) -> None:
+    """Train, checkpoint, rebuild model, DDP and optimizer, load, resume (scripts/
+    rebuild_job.py): one record per rank whose steps go on counting, healthy; with the
+    checkpoint loaded on rank 0 only, the rebuild is named (SD505), not a flipped bit
+    nor an incomplete all-reduce."""
+    out = tmp_path / "run"
+    proc = torchrun_syncdoctor(out, "rebuild_job.py", *(["--load-on-rank0-only"] if fault else []))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = read_run(out)
+    for rank in (0, 1):
+        steps = run.steps.filter(run.steps["rank"] == rank)["step"].to_list()
+        assert steps == list(range(1, 61))  # one series: no step counted twice
+    assert run.snapshots[0].get("segment") == 2
+    diag = diagnose([out])
+    if fault:
+        assert diag.verdict == "sync_problem" and diag.findings[0].code == "SD505", [f.code for f in diag.findings]
+        assert diag.findings[0].step == 31
+    else:
+        assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
+
+
+@pytest.mark.parametrize("before_wrap", [False, True])
+def test_a_backbone_unfrozen_after_the_wrap_is_named_as_gradients_no_all_reduce_covers(
+    tmp_path: Path, before_wrap: bool
+) -> None:
+    """scripts/unfreeze_job.py: frozen when DDP is built, unfrozen at step 12: the
+    probe sees gradients outside the reducer's parameters at the next check (SD409),
+    not a canary or a flipped bit; unfrozen before the wrap it is healthy."""
+    out = tmp_path / "run"
+    args = ["--unfreeze-before-wrap"] if before_wrap else []
+    proc = torchrun_syncdoctor(out, "unfreeze_job.py", *args, extra=("--check-every", "10"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    diag = diagnose([out])
+    if before_wrap:
+        assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
+    else:
+        top = diag.findings[0]
+        assert (top.code, top.step, top.tensor) == ("SD409", 20, "0.weight"), [f.code for f in diag.findings]
