@@ -16,7 +16,7 @@ pytest.importorskip("tensorboardX")
 from tensorboardX.proto import event_pb2  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "report"))
-from runs import write_run  # noqa: E402
+from report_runs import write_run  # noqa: E402
 
 
 def read_scalars(logdir: Path) -> dict[str, dict[int, float]]:

@@ -26,7 +26,7 @@ from syncdoctor.doctor.report import render_html
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "report"))
 from browser import CHROMIUM, SKIP_REASON, screenshot  # noqa: E402
-from runs import big_diagnosis, write_run  # noqa: E402
+from report_runs import big_diagnosis, write_run  # noqa: E402
 
 GREEN, RED, GREY, WHITE = ch.STATE_RGB[ch.AGREED], ch.STATE_RGB[ch.PARTED], ch.STATE_RGB[ch.MISSING], (255,) * 3
 
