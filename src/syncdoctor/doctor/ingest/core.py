@@ -18,15 +18,21 @@ import polars as pl
 from syncdoctor.doctor.ingest import events as ev
 from syncdoctor.doctor.ingest.fields import detect_host_labels, detect_srun_labels, parse_time, strip_prefixes
 from syncdoctor.doctor.ingest.files import SNIFF_BYTES, LogFile, discover, looks_binary, open_binary
-from syncdoctor.doctor.ingest.losses import LossParser, LossPoint, global_steps, split_records
-from syncdoctor.doctor.ingest.scan import HEAD_ROWS, MAX_LINE_BYTES, TAIL_ROWS, Chunk, TolerantStream, iter_chunks
-from syncdoctor.doctor.ingest.values import STEP_KEYS, line_values
+from syncdoctor.doctor.ingest.losses import LossParser, LossPoint, global_steps, point_from_texts, split_records
+from syncdoctor.doctor.ingest.scan import (
+    HEAD_ROWS,
+    MAX_LINE_BYTES,
+    PARSE_CHARS,
+    TAIL_ROWS,
+    Chunk,
+    TolerantStream,
+    iter_chunks,
+)
+from syncdoctor.doctor.ingest.shapes import FAST_MIN_LINES, ShapePlan, build_plan, qualifies
+from syncdoctor.doctor.ingest.values import STEP_KEYS, fast_spans, line_values
 from syncdoctor.doctor.model import Event
 from syncdoctor.errors import InputError
 
-# Python regexes look at no more than this much of one line (or of one "\r"
-# segment of a progress-bar line): bounded work per line whatever the input.
-PARSE_CHARS = 8192
 RAW_CHARS = 2000  # Event.raw keeps this much of a line
 EVENTS_HEAD = 200  # per (kind, rank, benign): the first ones ...
 EVENTS_TAIL = 50  # ... and the last ones, which hold the end of a run
@@ -56,6 +62,10 @@ VALUES_SCHEMA: dict[str, pl.DataType] = {
     "line": pl.Int64(),
 }
 MAX_VALUE_LINES = 200_000  # per file: enough to find where ranks part, bounded memory
+MAX_SHAPE_PLANS = 4096  # per file, like the other memos of line shapes
+# The shape fast path (ingest/shapes.py); off, every line takes the full path (the
+# unit tests compare the two).
+FAST_SHAPES = True
 # Columns used while reading, dropped from the result.
 _WORK_SCHEMA: dict[str, pl.DataType] = {
     **LOSS_SCHEMA,
@@ -151,6 +161,8 @@ class _FileReader:
         # (rank, line, printed step or None, {key: value}, has a loss point)
         self.value_lines: list[tuple[int | None, int, int | None, dict[str, float], bool]] = []
         self.value_lines_dropped = 0
+        self.plans: dict[str, ShapePlan | None] = {}  # shape -> its fast path; None: never
+        self.fast_lines = 0  # lines read by the shape fast path
 
     # -- reading ----------------------------------------------------------------------
     def read(self) -> bool:
@@ -197,9 +209,15 @@ class _FileReader:
         return True
 
     def _chunk(self, chunk: Chunk) -> None:
+        fast = self._fast_groups(chunk) if FAST_SHAPES else {}
         for line_no, text, eventish in zip(chunk.lines, chunk.texts, chunk.eventish, strict=True):
             if not text or line_no in self.consumed:
                 continue
+            if fast:
+                item = fast.get(line_no)
+                if item is not None:
+                    self._fast_line(item[0], item[1], text, line_no)
+                    continue
             line = text[:PARSE_CHARS]
             prefix = strip_prefixes(line, self.srun_labels, self.host_labels)
             body = prefix.body
@@ -244,6 +262,73 @@ class _FileReader:
                     if not valued:  # the numbers an event line states ("scale is small: 1e-26")
                         self._add_values(body, prefix.rank, line_no, None, True, False)
 
+    def _plan(self, shape: str) -> ShapePlan | None:
+        """The fast path of a shape once its first line went the full way (the loss
+        parser's, the timestamp's and the values' memos all hold it); None before."""
+        if shape in self.plans:
+            return self.plans[shape]
+        plan: ShapePlan | None = None
+        if qualifies(shape, self.srun_labels, self.host_labels):
+            specs = self.parser.known(shape)
+            timed = self.timed_shapes.get(shape)
+            spans = fast_spans(shape)
+            if specs is None or timed is None or spans is None:
+                return None  # not read yet (or a memo is full): the full path
+            plan = build_plan(shape, specs, spans, timed) if specs else None
+        if len(self.plans) < MAX_SHAPE_PLANS:
+            self.plans[shape] = plan
+        return plan
+
+    def _fast_groups(self, chunk: Chunk) -> dict[int, tuple[ShapePlan, tuple[str, ...]]]:
+        """line number -> (its shape's plan, the texts of its numbers), for the
+        chunk's lines whose shape has a plan, cut out by one regex per shape."""
+        cand = chunk.candidates
+        if cand is None or cand.is_empty():
+            return {}
+        pool = cand.filter(pl.col("s").is_not_null() & ~pl.col("ev"))
+        if pool.is_empty():
+            return {}
+        counts = pool["s"].value_counts()
+        plans: dict[str, ShapePlan] = {}
+        for shape, n in zip(counts["s"].to_list(), counts["count"].to_list(), strict=True):
+            if n >= FAST_MIN_LINES and (plan := self._plan(shape)) is not None:
+                plans[shape] = plan
+        out: dict[int, tuple[ShapePlan, tuple[str, ...]]] = {}
+        if not plans:
+            return out
+        chosen = pool.filter(pl.col("s").is_in(list(plans)))
+        for (shape,), group in chosen.partition_by("s", as_dict=True, maintain_order=True).items():
+            plan = plans[str(shape)]
+            numbers = group.select(pl.col("l").str.extract_groups(plan.pattern)).to_series().struct.unnest()
+            columns = [numbers[c].to_list() for c in numbers.columns]
+            for i, texts in zip(group["i"].to_list(), zip(*columns, strict=True), strict=True):
+                if None not in texts:  # cannot happen for a line of the shape; the full path if it does
+                    out[chunk.first_line + i] = (plan, texts)
+        return out
+
+    def _fast_line(self, plan: ShapePlan, texts: tuple[str, ...], text: str, line_no: int) -> None:
+        """What the full path does with a loss line of a planned shape, from the
+        texts of its numbers (the line is its own body: the shape peels nothing)."""
+        t = self._time(text) if plan.timed else None
+        points = [
+            point_from_texts(fmt, [(name, texts[g], None if tg is None else texts[tg]) for name, g, tg in fields])
+            for fmt, fields in plan.points
+        ]
+        for point in points:
+            self._add_loss(point, None, line_no, t)
+        self.fast_lines += 1
+        if len(self.value_lines) >= MAX_VALUE_LINES:
+            self.value_lines_dropped += 1
+            return
+        values: dict[str, float] = {}
+        for key, g in plan.values:
+            try:
+                values[key] = float(texts[g])
+            except ValueError:
+                values[key] = math.nan
+        last = points[-1]
+        self._keep_values(values, None, line_no, last.rank, last.step is not None, True)
+
     def _tail(self, chunk: Chunk) -> None:
         """The last lines of a file are read for values whatever they hold: what each
         rank prints once at the end (a final evaluation, a summary) is compared
@@ -272,7 +357,17 @@ class _FileReader:
         if len(self.value_lines) >= MAX_VALUE_LINES:
             self.value_lines_dropped += 1
             return
-        values = line_values(body, shape, pos)
+        self._keep_values(line_values(body, shape, pos), prefix_rank, line_no, line_rank, printed_step, has_loss)
+
+    def _keep_values(
+        self,
+        values: dict[str, float],
+        prefix_rank: int | None,
+        line_no: int,
+        line_rank: int | None,
+        printed_step: bool,
+        has_loss: bool,
+    ) -> None:
         if not values:
             return
         step: int | None = None

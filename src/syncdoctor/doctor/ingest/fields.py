@@ -101,6 +101,19 @@ def strip_prefixes(line: str, srun_labels: bool, host_labels: bool = False) -> P
     return Prefix(body, rank, host)
 
 
+def prefix_free(shape: str, srun_labels: bool, host_labels: bool) -> bool:
+    """True when ``strip_prefixes`` takes nothing off any line of this shape: no
+    launcher prefix, no "[rankN]:", no rank tag, no NCCL host. The prefix patterns
+    bound digit runs only from above ({1,7}), so a line that matches one has a shape
+    that matches it too; the shape is searched whole, not only the head the line is."""
+    first = shape[:1]
+    if not first or first in "[(" or (srun_labels and (first.isdigit() or first == " ")):
+        return False
+    if host_labels and HOST_PREFIX.match(shape):
+        return False
+    return "[rank" not in shape and "NCCL" not in shape and _RANK_TAG.search(shape) is None
+
+
 # Timestamps, searched near the start of a line only (where loggers put them):
 #   2026-11-29 10:12:01,123   2026-11-29T10:12:01.123Z   2025-05-21_15:43:03 (torchrun)
 #   2025-03-10-09:40:38.720.000 (MindSpore/CANN: ms.us)   2026/11/29 10:12:01

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -171,14 +171,14 @@ Span = tuple[int, int]
 
 
 @dataclass(frozen=True)
-class _Spec:
+class LineSpec:
     """Where the numbers of one loss point sit in a line."""
 
     fmt: str
     fields: tuple[tuple[str, Span, Span | None], ...]  # (field, value span, "/N" span)
 
 
-def _structure(body: str) -> list[_Spec]:
+def _structure(body: str) -> list[LineSpec]:
     """Which loss points a line holds and where their numbers are."""
     found: dict[str, tuple[Span, Span | None]] = {}
     loss_match: re.Match[str] | None = None
@@ -207,7 +207,7 @@ def _structure(body: str) -> list[_Spec]:
         if saw_eval:
             return []
         return [
-            _Spec("step_colon", (("step", m.span(1), None), ("loss", m.span(2), None)))
+            LineSpec("step_colon", (("step", m.span(1), None), ("loss", m.span(2), None)))
             for m in _STEP_COLON.finditer(body)
         ]
     if _EVAL_WORD.search(body, 0, loss_match.start()):
@@ -232,23 +232,35 @@ def _structure(body: str) -> list[_Spec]:
     elif counter := _COUNTER.search(body):
         fields.append(("step", counter.span(1), counter.span(2)))
     fields.extend((name, *found[name]) for name in ("epoch", "lr", "grad_norm", "acc", "rank") if name in found)
-    return [_Spec(fmt, tuple(fields))]
+    return [LineSpec(fmt, tuple(fields))]
 
 
-def _fill(spec: _Spec, text: str, pos: Callable[[int], int] | None = None) -> LossPoint:
+def _fill(spec: LineSpec, text: str, pos: Callable[[int], int] | None = None) -> LossPoint:
     """Read a spec's numbers out of ``text``; ``pos`` maps spec positions to text positions."""
-    point = LossPoint(loss=math.nan, fmt=spec.fmt)
+    fields: list[tuple[str, str, str | None]] = []
     for name, (a, b), tot in spec.fields:
         if pos is not None:
             a, b = pos(a), pos(b)
-        value = _to_float(text[a:b])
+        total = None
+        if tot is not None:
+            ta, tb = (pos(tot[0]), pos(tot[1])) if pos is not None else tot
+            total = text[ta:tb]
+        fields.append((name, text[a:b], total))
+    return point_from_texts(spec.fmt, fields)
+
+
+def point_from_texts(fmt: str, fields: Sequence[tuple[str, str, str | None]]) -> LossPoint:
+    """A loss point from the texts of its numbers: (field, value, the "/N" total or None).
+    The shape fast path (ingest/core.py) cuts the same texts out with one regex per shape."""
+    point = LossPoint(loss=math.nan, fmt=fmt)
+    for name, text, total in fields:
+        value = _to_float(text)
         if name == "loss":
             point.loss = value
         elif name == "step":
             point.step = _to_int(value)
-            if tot is not None:
-                ta, tb = (pos(tot[0]), pos(tot[1])) if pos is not None else tot
-                point.step_total = _to_total(text[ta:tb])
+            if total is not None:
+                point.step_total = _to_total(total)
         elif name == "epoch":
             point.epoch = value if math.isfinite(value) else None
         elif name == "rank":
@@ -281,7 +293,7 @@ class LossParser:
     MAX_SHAPES = 2048
 
     def __init__(self) -> None:
-        self._shapes: dict[str, tuple[list[_Spec], list[int]]] = {}
+        self._shapes: dict[str, tuple[list[LineSpec], list[int]]] = {}
         self.last_shape = ""  # the shape of the last line parsed (callers memo by it too)
         # shape position -> position in the last line that held a loss point
         self.last_pos: Callable[[int], int] | None = None
@@ -306,6 +318,12 @@ class LossParser:
 
         self.last_pos = pos
         return [_fill(spec, body, pos) for spec in specs]
+
+    def known(self, shape: str) -> list[LineSpec] | None:
+        """The loss points a line of this shape holds, where a line of it was parsed
+        and memoised; None where none was."""
+        known = self._shapes.get(shape)
+        return None if known is None else known[0]
 
 
 def _to_int(value: float) -> int | None:

@@ -181,6 +181,12 @@ def line_values(body: str, shape: str | None = None, pos: Callable[[int], int] |
     return out
 
 
+def fast_spans(shape: str) -> list[tuple[str, int, int]] | None:
+    """(key, start, end) of each value's digits in a loss-line shape, where
+    ``line_values`` has planned that shape for its fast path; None where not yet."""
+    return _FAST.get(shape)
+
+
 def _plan_raw(body: str, matches: list[re.Match[str]]) -> list[_Role]:
     """The plan of a raw line: numbers inside dates and clock times are no values."""
     if not (":" in body or "-" in body):
