@@ -11,11 +11,13 @@ import json
 import os
 import pickle
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from syncdoctor.lab.runner import LabResult, run_lab
+from tests.ahead import Ahead
 
 # Short timeouts keep the faults that end in a collective timeout fast.
 LAB_PG_TIMEOUT_S = 10.0
@@ -88,35 +90,52 @@ def pids_running_with(text: str) -> list[int]:
     return found
 
 
+def _lab_key(fault: str, variant: str = "", world_size: int = 2, seed: int = 0, **kwargs) -> tuple:
+    return (fault, variant, world_size, seed, tuple(sorted(kwargs.items())))
+
+
 @pytest.fixture(scope="session")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    """`lab(fault, ...)` runs that lab configuration once and gives its LabResult. Under
+def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """`lab(fault, ...)` runs that lab configuration once and gives its LabResult.
+
+    The runs a test module declares in `LAB_RUNS` (a list of `lab()` keyword arguments)
+    start ahead, two at a time, in test order, for every module the session collected
+    (tests/ahead.py); a run nobody declared runs when a test asks for it. Under
     pytest-xdist the workers share one folder (the parent of their temporary folders):
     the first worker to ask for a configuration runs it under a file lock, and every
     other worker waits for the lock and reads the result it left, so one run folder is
     diagnosed by every test that needs it, whichever worker runs the test."""
-    cache: dict[tuple, LabResult] = {}
     base = tmp_path_factory.getbasetemp()
     root = base.parent / "lab-shared" if os.environ.get("PYTEST_XDIST_WORKER") else base / "lab"
     root.mkdir(parents=True, exist_ok=True)
+    ahead: Ahead[LabResult] = Ahead("lab")
+
+    def obtain(key: tuple) -> LabResult:
+        fault, variant, world_size, seed, extra = key
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:10]
+        name = "-".join(str(p) for p in (fault, variant or "default", f"w{world_size}", f"s{seed}", digest))
+        saved = root / f"{name}.pickle"
+        with open(root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if saved.exists():
+                result: LabResult = pickle.loads(saved.read_bytes())
+                return result
+            kwargs = {"pg_timeout_s": LAB_PG_TIMEOUT_S, **dict(extra)}
+            result = run_lab(fault, variant=variant, world_size=world_size, seed=seed, out=root / name, **kwargs)
+            saved.write_bytes(pickle.dumps(result))
+            return result
+
+    modules = dict.fromkeys(item.module for item in request.session.items if isinstance(item, pytest.Function))
+    for module in modules:
+        for declared in getattr(module, "LAB_RUNS", ()):
+            key = _lab_key(**declared)
+            ahead.submit(key, lambda key=key: obtain(key))
 
     def run(fault: str, variant: str = "", world_size: int = 2, seed: int = 0, **kwargs) -> LabResult:
-        key = (fault, variant, world_size, seed, tuple(sorted(kwargs.items())))
-        if key not in cache:
-            digest = hashlib.sha256(repr(key).encode()).hexdigest()[:10]
-            name = "-".join(str(p) for p in (fault, variant or "default", f"w{world_size}", f"s{seed}", digest))
-            saved = root / f"{name}.pickle"
-            with open(root / f"{name}.lock", "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-                if saved.exists():
-                    cache[key] = pickle.loads(saved.read_bytes())
-                else:
-                    kwargs.setdefault("pg_timeout_s", LAB_PG_TIMEOUT_S)
-                    result = run_lab(
-                        fault, variant=variant, world_size=world_size, seed=seed, out=root / name, **kwargs
-                    )
-                    saved.write_bytes(pickle.dumps(result))
-                    cache[key] = result
-        return cache[key]
+        key = _lab_key(fault, variant, world_size, seed, **kwargs)
+        return ahead.get(key, lambda: obtain(key))
 
-    return run
+    try:
+        yield run
+    finally:
+        ahead.close()

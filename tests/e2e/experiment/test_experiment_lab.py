@@ -4,19 +4,20 @@ left behind, an interrupted experiment included."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from syncdoctor.doctor.diagnose import diagnose
 from syncdoctor.experiment.launch import in_run
+from tests.ahead import Ahead
 
 pytestmark = pytest.mark.slow
 
@@ -27,10 +28,6 @@ LAB = [*SYNCDOCTOR, "lab", "run"]
 LAB_ARGS = ("--world-size", "2", "--steps", "80", "--onset", "10", "--pg-timeout", "10")
 STEPS = 30
 TIMEOUT_S = 400
-NEEDS_VARIANTS = pytest.mark.skipif(
-    importlib.util.find_spec("syncdoctor.experiment.inrank") is None,
-    reason="the ranks' side of the variants (experiment/inrank/, branch h/variants) is not merged yet",
-)
 
 
 def experiment(out: Path, fault: str, variants: str, *extra: str) -> dict:
@@ -54,16 +51,47 @@ def experiment(out: Path, fault: str, variants: str, *extra: str) -> dict:
     return result
 
 
-def test_clean_control_nothing_to_explain_and_the_single_rank_baseline_runs(tmp_path: Path) -> None:
-    result = experiment(tmp_path, "clean", "single")
+# The must-show mapping: (fault, the variant that must remove its anomaly, one that must not).
+MAPPING = [
+    ("init-mismatch", "broadcast,seeds", ""),
+    ("shard-overlap", "data", "modes"),
+    ("unseeded-shuffle", "data", ""),
+    ("loss-hparam-mismatch", "hparams", ""),
+    ("optimizer-state-mismatch", "hparams", ""),
+    ("mode-mismatch", "modes", "data"),
+]
+# (fault, variants) of every experiment the tests below read: started ahead, two at a time,
+# when the first of them asks (tests/ahead.py).
+EXPERIMENTS = [("clean", "single"), ("lr-too-high", "single")] + [
+    (fault, ",".join(filter(None, [fixes, decoy]))) for fault, fixes, decoy in MAPPING
+]
+
+
+@pytest.fixture(scope="module")
+def experiments(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str, str], dict]]:
+    ahead: Ahead[dict] = Ahead("experiment")
+
+    def work(fault: str, variants: str) -> Callable[[], dict]:
+        return lambda: experiment(tmp_path_factory.mktemp(fault), fault, variants)
+
+    for fault, variants in EXPERIMENTS:
+        ahead.submit((fault, variants), work(fault, variants))
+    try:
+        yield lambda fault, variants: ahead.get((fault, variants), work(fault, variants))
+    finally:
+        ahead.close()
+
+
+def test_clean_control_nothing_to_explain_and_the_single_rank_baseline_runs(experiments) -> None:
+    result = experiments("clean", "single")
     assert result["control"]["steps"] == STEPS and result["control"]["world_size"] == 2
     single = result["variants"][0]
     assert single["steps"] == STEPS and single["world_size"] == 1, single
     assert result["verdict"] == ["no anomaly in the control run: nothing to explain; no variant changed anything"]
 
 
-def test_a_learning_rate_too_high_blows_up_on_one_rank_too(tmp_path: Path) -> None:
-    result = experiment(tmp_path, "lr-too-high", "single")
+def test_a_learning_rate_too_high_blows_up_on_one_rank_too(experiments) -> None:
+    result = experiments("lr-too-high", "single")
     # lr x40 on the lab's CNN (BatchNorm): within 30 steps the loss diverges, or jumps and
     # falls back, as the CPU rounds (an AMD EPYC here: a 3x spike at step 3, trend -85 %).
     # Either is an anomaly of the loss curve, and the one-rank rerun must show it too.
@@ -103,23 +131,11 @@ def test_an_interrupted_experiment_leaves_no_process(tmp_path: Path) -> None:
     assert not (tmp_path / "single" / "records").exists()  # the experiment stopped there
 
 
-# The must-show mapping: (fault, the variant that must remove its anomaly, one that must not).
-MAPPING = [
-    ("init-mismatch", "broadcast,seeds", ""),
-    ("shard-overlap", "data", "modes"),
-    ("unseeded-shuffle", "data", ""),
-    ("loss-hparam-mismatch", "hparams", ""),
-    ("optimizer-state-mismatch", "hparams", ""),
-    ("mode-mismatch", "modes", "data"),
-]
-
-
-@NEEDS_VARIANTS
 @pytest.mark.parametrize(("fault", "fixes", "decoy"), MAPPING)
-def test_the_variant_that_removes_the_fault_is_named(tmp_path: Path, fault: str, fixes: str, decoy: str) -> None:
+def test_the_variant_that_removes_the_fault_is_named(experiments, fault: str, fixes: str, decoy: str) -> None:
     """Each fault runs only the variants it needs (2-3 runs); a decoy, where one runs,
     must not be credited."""
-    result = experiment(tmp_path, fault, ",".join(filter(None, [fixes, decoy])))
+    result = experiments(fault, ",".join(filter(None, [fixes, decoy])))
     causes = [a for a in result["control"]["anomalies"] if a.startswith("cause:")]
     assert causes, result["control"]
     for name in fixes.split(","):

@@ -14,6 +14,8 @@ import pytest
 from syncdoctor.doctor.diagnose import diagnose
 
 pytestmark = pytest.mark.slow
+RUNS = (("clean", 1), ("clean", 2), ("lr-too-high", 1), ("lr-too-high", 2), ("init-mismatch", 2))
+LAB_RUNS = [{"fault": fault, "world_size": n} for fault, n in RUNS]  # started ahead (tests/conftest.py)
 
 
 def _run(lab, fault: str, world_size: int):
@@ -22,10 +24,7 @@ def _run(lab, fault: str, world_size: int):
 
 @pytest.fixture(scope="module")
 def runs(lab) -> dict[str, object]:
-    return {
-        (fault, n): _run(lab, fault, n)
-        for fault, n in (("clean", 1), ("clean", 2), ("lr-too-high", 1), ("lr-too-high", 2), ("init-mismatch", 2))
-    }
+    return {(fault, n): _run(lab, fault, n) for fault, n in RUNS}
 
 
 def test_lr_too_high_on_one_card_too_is_not_the_parallel_part(runs) -> None:

@@ -15,6 +15,9 @@ from syncdoctor.doctor.diagnose import diagnose
 from syncdoctor.lab.matrix import cases
 
 FAULT_CASES = [(f, v) for f, v, _ in cases() if f != "clean"]
+# The detection matrix at world size 2 (every fault, three clean seeds) and a clean run at
+# 4: started ahead, two at a time (tests/conftest.py).
+LAB_RUNS = [{"fault": f, "variant": v, "seed": s} for f, v, s in cases()] + [{"fault": "clean", "world_size": 4}]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

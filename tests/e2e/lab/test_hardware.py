@@ -24,6 +24,13 @@ pytestmark = pytest.mark.slow
 K = LAB_CHECK_EVERY
 ONSET = RankPlan(rank=0, world_size=4).onset
 FLIPPED = RankPlan(rank=0, world_size=4).bitflip_tensor
+LAB_RUNS = [  # started ahead (tests/conftest.py)
+    {"fault": "bit-flip", "variant": "param", "world_size": 4, "on_mismatch": "heal"},
+    {"fault": "clean", "world_size": 4},
+    {"fault": "optimizer-state-mismatch", "world_size": 4, "on_mismatch": "heal"},
+    {"fault": "init-mismatch", "world_size": 4, "on_mismatch": "heal"},
+    {"fault": "bit-flip", "variant": "param"},
+]
 
 
 def final_loss(out: Path) -> float:

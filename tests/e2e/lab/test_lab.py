@@ -15,6 +15,7 @@ import pytest
 
 from syncdoctor.cli import main
 from syncdoctor.lab.faults import FAULTS
+from syncdoctor.lab.matrix import cases
 from syncdoctor.records import read_run
 from tests.conftest import pids_running_with
 
@@ -39,6 +40,13 @@ REQUIRED_FAULTS = {
     "rank-crash",
     "comm-timeout",
 }
+# Started ahead (tests/conftest.py): the matrix's runs at seed 0 but the bit flips, and the
+# runs only this file reads.
+LAB_RUNS = [
+    {"fault": "clean", "check_every": 1},
+    *({"fault": f, "variant": v} for f, v, seed in cases() if seed == 0 and f != "bit-flip"),
+    *({"fault": fault, "world_size": 4} for fault in ("clean", "dropped-rank", "rank-crash")),
+]
 
 
 def steps_of(result) -> pl.DataFrame:

@@ -11,6 +11,8 @@ from syncdoctor.doctor.report import charts as ch
 from syncdoctor.doctor.report import render_html
 from tests.unit.doctor.test_report_charts import CHROMIUM, GREEN, RED, WHITE, _charts, _grid, _last_x, _shoot, _x_of
 
+LAB_RUNS = [{"fault": "dropped-rank"}]  # started ahead (tests/conftest.py)
+
 
 def test_lab_dropped_rank_report_marks_the_left_out_rank(lab, tmp_path):
     result = lab("dropped-rank")

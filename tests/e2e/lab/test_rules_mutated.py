@@ -9,6 +9,8 @@ from pathlib import Path
 
 from syncdoctor.doctor.diagnose import diagnose
 
+LAB_RUNS = [{"fault": "clean"}]  # started ahead (tests/conftest.py)
+
 
 def test_collective_mismatch_from_a_log_line(lab, tmp_path: Path) -> None:
     run = tmp_path / "run"

@@ -39,6 +39,14 @@ STATE_FAULTS = {
     ("mode-mismatch", ""): (1, {"mode"}, None),
     ("loss-hparam-mismatch", ""): (1, {"config"}, None),
 }
+CLEAN_RUNS = [(0, 2), (1, 2), (2, 2), (0, 4)]  # (seed, world size)
+LAB_RUNS = [  # started ahead (tests/conftest.py)
+    *({"fault": fault, "variant": variant} for fault, variant in STATE_FAULTS),
+    *({"fault": fault} for fault in ("shard-overlap", "duplicate-rank-id", "buffer-divergence", "grad-sum")),
+    {"fault": "fp16-overflow", "variant": "local_skip"},
+    *({"fault": "clean", "seed": seed, "world_size": n} for seed, n in CLEAN_RUNS),
+    *({"fault": fault} for fault in ("rank-crash", "comm-timeout")),
+]
 
 
 def mismatches(checks: list[dict]) -> list[dict]:
@@ -123,7 +131,7 @@ def test_summed_gradients_show_in_the_reduce_ratio(lab) -> None:
 
 # Three seeds at world size 2 and one at 4: the clean runs the doctor's healthy tests
 # read too (tests/e2e/lab/test_diagnose.py); more seeds at 4 prove nothing new.
-@pytest.mark.parametrize(("seed", "world_size"), [(0, 2), (1, 2), (2, 2), (0, 4)])
+@pytest.mark.parametrize(("seed", "world_size"), CLEAN_RUNS)
 def test_clean_runs_raise_no_mismatch(lab, world_size: int, seed: int) -> None:
     result = lab("clean", world_size=world_size, seed=seed)
     assert result.ok

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from syncdoctor.lab.launch import free_port
-from tests.e2e.zoo.scenarios import CHECK_EVERY, PROGRAMS, PROGRAMS_DIR, STEPS
+from tests.e2e.zoo.scenarios import CHECK_EVERY, PROGRAMS, PROGRAMS_DIR, STEPS, modes_of
 
 RUN_TIMEOUT_S = 600
 JOBS = max(1, int(os.environ.get("SYNCDOCTOR_ZOO_JOBS", "2")))
@@ -239,7 +239,7 @@ def runs_needed(item: pytest.Item) -> list[tuple[str, str, str]]:
     if name == "test_probe_changes_nothing":
         return [(program, "", mode) for mode in MODES]
     if name == "test_bug_really_changes_training":
-        return [(program, "", "zero"), (program, bug, "zero"), (program, bug, "attach")]
+        return [(program, "", "zero"), *((program, bug, mode) for mode in modes_of(program, bug))]
     return [(program, bug, params["mode"])] if "mode" in params else []
 
 

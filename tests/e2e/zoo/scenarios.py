@@ -197,3 +197,23 @@ SCENARIOS: dict[tuple[str, str], Expected] = {
         "https://github.com/huggingface/accelerate/issues/94",
     ),
 }
+
+# The faulty twins also run attached, with the one line where a user puts it, for one or
+# two bugs per way of attaching: what attach changes is how the probe finds the objects
+# (a Lightning callback, a TrainerCallback, attach() on accelerate's or a hand-made
+# wrapper), not what it compares once attached, and every healthy program runs attached.
+# The other twins run zero-code only, which cut 11 of the zoo's 57 launches.
+ATTACHED_BUGS = {
+    ("lightning", "eval_rank0"),
+    ("lightning", "lr_rank0"),
+    ("hf-trainer", "label_smoothing_rank1"),
+    ("accelerate", "unprepared_model"),
+    ("ddp-resnet", "no_broadcast_bn"),
+    ("allreduce", "sum_grads"),
+    ("allreduce", "rank_seed"),
+}
+
+
+def modes_of(program: str, bug: str) -> tuple[str, ...]:
+    """The probed modes a scenario runs in."""
+    return ("zero", "attach") if not bug or (program, bug) in ATTACHED_BUGS else ("zero",)
