@@ -9,6 +9,10 @@ STYLE (env): model       Model(net, loss, opt).train(...)
              jit         the whole step as one @ms.jit function
 SEED=0: no seed at all (replicas start apart); GRAD_MEAN=0: gradients_mean=False;
 EVAL_RANK=R: rank R leaves its network in eval mode (set_train(False)).
+REDUCER_MEAN=0|1, REDUCER_DEGREE=D (functional, jit): the DistributedGradReducer built
+with that mean / degree (unset: from the parallel context, as the docs show it).
+DS_SEED_BY_RANK=1: ds.config.set_seed(100 + rank) after ms.set_seed (a per-rank stream
+"for augmentation"; the sharded shuffle then overlaps).
 OPS_DIR=DIR: user_ops.py's operations at three moments, their outcomes in DIR.
 """
 
@@ -35,6 +39,8 @@ ms.set_auto_parallel_context(
 )
 if seeded:
     ms.set_seed(1)
+if os.environ.get("DS_SEED_BY_RANK") == "1":
+    ds.config.set_seed(100 + rank)
 
 rng = np.random.default_rng(0)
 x = rng.normal(size=(512, 16)).astype(np.float32)
@@ -94,7 +100,12 @@ else:
         return loss_fn(net(xb), yb)
 
     grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
-    grad_reducer = nn.DistributedGradReducer(optimizer.parameters)
+    reducer_args = {}
+    if "REDUCER_MEAN" in os.environ:
+        reducer_args["mean"] = os.environ["REDUCER_MEAN"] != "0"
+    if "REDUCER_DEGREE" in os.environ:
+        reducer_args["degree"] = int(os.environ["REDUCER_DEGREE"])
+    grad_reducer = nn.DistributedGradReducer(optimizer.parameters, **reducer_args)
 
     def train_step(xb, yb):
         loss, grads = grad_fn(xb, yb)

@@ -19,8 +19,10 @@ Where a step can be seen from Python, whatever the style and the mode:
 - the loss: the step call's output (a train cell's or a jitted step's first scalar),
   else the scalars that outermost calls returned since the previous step (the loss
   cell's output inside `value_and_grad` in PyNative).
-- `DistributedGradReducer` calls (PyNative): its input is this rank's local
-  gradients, its output the reduced ones, for the gradient norms at check steps.
+- `DistributedGradReducer.__init__`: every reducer built, with the settings that
+  decide the reduce (mean, degree, group and its size), whatever runs it later; its
+  calls (PyNative): its input is this rank's local gradients, its output the reduced
+  ones, for the gradient norms at check steps.
 
 One line at the first step says which style was recognised; a rank that draws
 batches but never steps an optimizer is told once that the probe could not attach
@@ -47,6 +49,7 @@ from syncdoctor.probe.mindspore.watch import (
     W,
     find_loss,
     global_step,
+    pick_reducer,
     scaled_step_outputs,
     take_batches,
     take_init,
@@ -250,6 +253,7 @@ def _start(opt: Any, kind: str | None, call: Any) -> None:
         loss_fn = loss_fn or find_loss(root)
     loss_fn = loss_fn or W.loss_cell or _only_loss_cell()
     W.style = _style(opt, kind, call)
+    reducer = pick_reducer(opt, roots)
     every = os.environ.get(CHECK_EVERY_ENV)
     W.probe = MindSporeProbe(
         None,
@@ -257,7 +261,7 @@ def _start(opt: Any, kind: str | None, call: Any) -> None:
         os.environ.get(RUN_DIR_ENV),
         loss_fn=loss_fn,
         dataset=W.dataset() if W.dataset else None,
-        grad_reducer=W.reducer() if W.reducer else None,
+        grad_reducer=reducer,
         loss_scaler=W.scaler() if W.scaler else None,
         check_every=int(every) if every else DEFAULT_CHECK_EVERY,
         on_mismatch=os.environ.get(ON_MISMATCH_ENV) or "warn",
@@ -449,6 +453,42 @@ def _saw_reducer(reducer: Any, args: tuple[Any, ...], out: Any) -> None:
         W.grads_local, W.grads = args[0], out  # this rank's own gradients, and the reduced ones
 
 
+_REDUCER_ARGS = ("mean", "degree", "fusion_type", "group")  # DistributedGradReducer's, after `parameters`
+
+
+def _reducer_init(original: Any) -> Any:
+    """DistributedGradReducer.__init__, then its settings recorded: the reducer may only
+    ever run compiled (GRAPH mode, @ms.jit), where no call of it reaches Python."""
+
+    def __init__(self: Any, parameters: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, parameters, *args, **kwargs)
+        if not W.stood_down:
+            _safe(_saw_reducer_built, self, parameters, {**dict(zip(_REDUCER_ARGS, args, strict=False)), **kwargs})
+
+    return __init__
+
+
+def _saw_reducer_built(reducer: Any, parameters: Any, given: dict[str, Any]) -> None:
+    from mindspore.communication import GlobalComm, get_group_size
+
+    group = given.get("group") or GlobalComm.WORLD_COMM_GROUP
+    try:
+        size: int | None = int(get_group_size(group))
+    except Exception:
+        size = None
+    degree = given.get("degree")
+    settings = {
+        "mean": bool(reducer.mean) if reducer.mean is not None else None,
+        # Who decided the mean: the argument, or (None) the parallel context's gradients_mean.
+        "mean_from": "context" if given.get("mean") is None else "argument",
+        "degree": int(degree) if isinstance(degree, int) else size,
+        "group": str(group),
+        "group_size": size,
+        "n_params": len(parameters),
+    }
+    W.reducers = [*[r for r in W.reducers if r[0]() is not None][-15:], (weakref.ref(reducer), settings, frozenset(id(p) for p in parameters))]
+
+
 def _saw_optimizer(opt: Any, _: Any = None) -> None:
     if any(ref() is opt for ref, _fp in W.optimizers):
         return
@@ -527,6 +567,7 @@ def install() -> bool:
     safety.patch_once(nn.Cell, "__call__", _outer_call("cell", _cell_call_watcher(nn)))
     safety.patch_once(_class_in("mindspore.graph.api", "_JitExecutor"), "__call__", _outer_call("jit"))
     safety.patch_once(nn.Optimizer, "__init__", _then(_saw_optimizer))
+    safety.patch_once(getattr(nn, "DistributedGradReducer", None), "__init__", _reducer_init)
     safety.patch_once(_class_in("mindspore.dataset.engine.iterators", "Iterator"), "__next__", _then(_saw_batch))
     from syncdoctor.probe.core import process
 

@@ -41,6 +41,8 @@ from syncdoctor.probe.mindspore.watch import (
     as_numpy,
     find_loss,
     global_step,
+    pick_reducer,
+    reducer_settings,
     scaled_step_outputs,
     take_batches,
     take_init,
@@ -111,8 +113,24 @@ def dataset_info(dataset: Any) -> dict[str, Any]:
             if attrs.get("num_shards") is not None and "num_replicas" not in info:
                 info["num_replicas"] = attrs.get("num_shards")
                 info["rank"] = attrs.get("shard_id")
+            sampler = attrs.get("sampler")
+            if sampler is not None and "sampler" not in info and not isinstance(sampler, (list, tuple)):
+                # The source's sampler decides the order: a DistributedSampler permutes the
+                # whole set with the seed it took when it was built (the dataset seed then),
+                # then cuts this rank's shard. Its shuffle is a `Shuffle` enum (or a bool).
+                info["sampler"] = type(sampler).__name__
+                flag = getattr(sampler, "shuffle", None)
+                if flag is not None:
+                    info["shuffle"] = str(getattr(flag, "value", flag)).lower() not in ("false", "0")
+                elif info["sampler"] in ("RandomSampler", "SequentialSampler"):
+                    info["shuffle"] = info["sampler"] == "RandomSampler"
+                seed = getattr(sampler, "seed", None)
+                if isinstance(seed, int) and not isinstance(seed, bool):
+                    info["seed"] = seed
             if "shuffle_flag" in attrs and "shuffle" not in info:
-                info["shuffle"] = bool(attrs.get("shuffle_flag"))
+                # Without a sampler to read: a bool, or the file sources' mode (0: no shuffle).
+                flag = attrs.get("shuffle_flag")
+                info["shuffle"] = flag if isinstance(flag, bool) else flag not in (0, None)
             if type(node).__name__ == "ShuffleDataset":
                 info["shuffle_op"] = True
                 info["shuffle_buffer"] = attrs.get("buffer_size")
@@ -270,10 +288,12 @@ class MindSporeProbe:
         import mindspore.dataset as ds
 
         ddp = _parallel_info()
-        if grad_reducer is not None:
+        reducer = reducer_settings(grad_reducer)
+        if reducer:
+            # What decides the reduce, beside the context's gradients_mean: a reducer that
+            # sums, or divides by a degree that is not its group's size, is seen at step 0.
             ddp["wrapper"] = type(grad_reducer).__name__
-            ddp["reducer_mean"] = getattr(grad_reducer, "mean", None)
-            ddp["reducer_degree"] = getattr(grad_reducer, "degree", None)
+            ddp.update({f"reducer_{k}": v for k, v in reducer.items()})
         ddp["loss_scale_manager"] = _loss_scale_info(loss_scaler)
         ddp["broadcast_buffers"] = False  # MindSpore never syncs BatchNorm statistics
         ddp.update(extra.pop("ddp", {}))
@@ -625,6 +645,8 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
                 loss_fn=loss_fn,
                 dataset=dataset,
                 loss_scaler=scaler,
+                # The reducer Model built into its train network (from the parallel context).
+                grad_reducer=pick_reducer(optimizer, [n for n in (_cb_get(cb, "train_network"),) if n is not None]),
                 global_batch=batch,
                 check_every=self.check_every,
                 on_mismatch=self.on_mismatch,

@@ -84,7 +84,11 @@ class Watch:
         self.grads: Any = None
         self.loss_cell: Any = None
         self.outer_cells: list[weakref.ref[Any]] = []  # cells Python called at the outermost level
-        self.reducer: Any = None
+        self.reducer: Any = None  # the reducer seen called (PyNative)
+        # Every DistributedGradReducer built in the process: (reducer, its settings, ids of
+        # the parameters it was built for). Seen at construction, so a reducer that runs
+        # only compiled (GRAPH mode, @ms.jit) is known all the same.
+        self.reducers: list[tuple[weakref.ref[Any], dict[str, Any], frozenset[int]]] = []
         self.scaler: Any = None
         self.dataset: Any = None
         self.installed = False
@@ -119,3 +123,46 @@ def take_init() -> None:
         for ref, fp in W.optimizers
         if (opt := ref()) is not None
     ]
+
+
+def reducer_settings(reducer: Any) -> dict[str, Any]:
+    """What decides how a DistributedGradReducer reduces: the settings recorded when it
+    was built (attach.py), else read off the instance (its `degree` is kept as the
+    tensor 1/degree). Empty for anything else (TrainOneStepCell's Identity)."""
+    if reducer is None:
+        return {}
+    for ref, settings, _ in W.reducers:
+        if ref() is reducer:
+            return dict(settings)
+    if not hasattr(reducer, "allreduce_filter"):
+        return {}
+    out: dict[str, Any] = {"mean": bool(reducer.mean) if reducer.mean is not None else None}
+    inverse = to_float(getattr(reducer, "degree", None))
+    out["degree"] = int(round(1.0 / inverse)) if inverse else None
+    return out
+
+
+def pick_reducer(optimizer: Any, roots: list[Any]) -> Any:
+    """The gradient reducer the step uses: the one seen called, else one inside the
+    train cell, else the one built for the optimizer's parameters (the most of them;
+    the last built on a tie), else None."""
+    if W.reducer is not None and W.reducer() is not None:
+        return W.reducer()
+    built = [(ref(), ids) for ref, _, ids in W.reducers if ref() is not None]
+    if not built:
+        return None
+    ids_of = {id(r): ids for r, ids in built}
+    for root in roots:
+        try:
+            for _, cell in root.cells_and_names():
+                if id(cell) in ids_of:
+                    return cell
+        except Exception:
+            pass
+    wanted = {id(p) for p in getattr(optimizer, "parameters", ())} if optimizer is not None else set()
+    best, score = None, 0
+    for reducer, ids in built:
+        overlap = len(ids & wanted)
+        if overlap and overlap >= score:
+            best, score = reducer, overlap
+    return best
