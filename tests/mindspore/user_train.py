@@ -11,8 +11,9 @@ SEED=0: no seed at all (replicas start apart); GRAD_MEAN=0: gradients_mean=False
 EVAL_RANK=R: rank R leaves its network in eval mode (set_train(False)).
 REDUCER_MEAN=0|1, REDUCER_DEGREE=D (functional, jit): the DistributedGradReducer built
 with that mean / degree (unset: from the parallel context, as the docs show it).
-DS_SEED_BY_RANK=1: ds.config.set_seed(100 + rank) after ms.set_seed (a per-rank stream
-"for augmentation"; the sharded shuffle then overlaps).
+DS_SEED_BY_RANK=1: ds.config.set_seed(100 + rank) right before the dataset is built, and
+ms.set_seed(1) again after it (a per-rank data stream "for augmentation", the model
+seeded alike): the sharded shuffle then overlaps.
 OPS_DIR=DIR: user_ops.py's operations at three moments, their outcomes in DIR.
 """
 
@@ -39,15 +40,18 @@ ms.set_auto_parallel_context(
 )
 if seeded:
     ms.set_seed(1)
-if os.environ.get("DS_SEED_BY_RANK") == "1":
-    ds.config.set_seed(100 + rank)
 
 rng = np.random.default_rng(0)
 x = rng.normal(size=(512, 16)).astype(np.float32)
 y = (x[:, :8].sum(1) > x[:, 8:].sum(1)).astype(np.int32)
+ds_seed_by_rank = os.environ.get("DS_SEED_BY_RANK") == "1"
+if ds_seed_by_rank:
+    ds.config.set_seed(100 + rank)
 data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=True, num_shards=world, shard_id=rank).batch(
     16, drop_remainder=True
 )
+if ds_seed_by_rank and seeded:
+    ms.set_seed(1)  # the model's init seeded alike again (it also sets the dataset seed: too late for the sampler)
 
 net = nn.SequentialCell(nn.Dense(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(p=0.1), nn.Dense(32, 2))
 loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")

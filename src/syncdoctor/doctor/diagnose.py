@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from syncdoctor.doctor.coverage import coverage, loss_unobserved
+from syncdoctor.doctor.coverage import coverage, loss_unobserved, reduce_unobserved
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import AgreementSpan, Diagnosis, Finding, RankSummary, Verdict
 from syncdoctor.doctor.report import jupyter  # noqa: F401 # gives Diagnosis Jupyter's display hook
@@ -85,6 +85,8 @@ def verdict_for(ev: Evidence, findings: list[Finding]) -> Verdict:
         return "inconclusive"  # a rank went unwatched: its silence proves nothing
     if loss_unobserved(ev):
         return "inconclusive"  # equal parameters do not show what each rank optimized
+    if reduce_unobserved(ev):
+        return "inconclusive"  # equal parameters do not show a reduce that sums on every rank
     checked = any(c.get("status") == "ok" for c in ev.checks)
     several_ranks = ev.losses.height > 0 and ev.losses["rank"].n_unique() > 1
     if (ev.has_records and (checked or len(ev.ranks) == 1)) or several_ranks:

@@ -119,6 +119,12 @@ SNAPSHOT = (
     _f(
         "style", "str", "MindSpore: how the training loop was reached (Model.train, a train cell, ...)", by=(MINDSPORE,)
     ),
+    _f(
+        "stages",
+        "dict",
+        'MindSpore, zero-code: each stage of the step -> {"observed": true/false/null (not in use), "how": how, or why not}',
+        by=(MINDSPORE,),
+    ),
 )
 
 # Float fields of a step record: a NaN or inf among them is written as null and named in `nonfinite`.

@@ -50,7 +50,9 @@ from syncdoctor.probe.mindspore.watch import (
     find_loss,
     global_step,
     pick_reducer,
+    reducer_settings,
     scaled_step_outputs,
+    stages,
     take_batches,
     take_init,
     to_float,
@@ -183,6 +185,23 @@ def _style(opt: Any, kind: str | None, call: Any) -> str:
     return f"train cell {type(target).__name__} ({mode})"
 
 
+def ms_graph_mode() -> bool:
+    import mindspore as ms
+
+    return bool(ms.get_context("mode") == ms.GRAPH_MODE)
+
+
+def _loss_how(opt: Any, kind: str | None, call: Any) -> str | None:
+    """How the loss is read in this style (None: it is not)."""
+    if "loss" in W.reported:
+        return "reported with attach.report(loss=...)"
+    if call is not None and call[0] is not opt and _scalar(call[2]) is not None:
+        return "the step's output (its first scalar)" if kind == "jit" else "the train cell's output"
+    if W.losses:
+        return "the loss cell's output inside value_and_grad (PyNative)"
+    return None
+
+
 def _roots_owning(param: Any) -> list[Any]:
     """The outermost Cells that hold `param`: among the cells Python called at the
     outermost level, else found once through the garbage collector's referrers
@@ -254,6 +273,29 @@ def _start(opt: Any, kind: str | None, call: Any) -> None:
     loss_fn = loss_fn or W.loss_cell or _only_loss_cell()
     W.style = _style(opt, kind, call)
     reducer = pick_reducer(opt, roots)
+    graph = ms_graph_mode()
+    compiled = None
+    if kind == "jit":
+        compiled = "the step is compiled whole (@ms.jit): Python never sees its gradients"
+    elif graph:
+        compiled = "the train cell runs compiled (GRAPH mode): Python never sees its gradients"
+    grads = W.grads if not (call is not None and call[0] is opt and call[1]) else call[1][0]
+    scaler = W.scaler() if W.scaler else None
+    seen_stages = stages(
+        compiled=compiled,
+        data="the batches drawn from the dataset iterator that fed the step" if W.last_iter is not None else None,
+        loss=_loss_how(opt, kind, call),
+        reducer=reducer_settings(reducer),
+        grads_local=W.grads_local is not None,
+        grads_reduced=grads is not None,
+        loss_scale=(
+            f"{type(scaler).__name__}.scale_value at every step"
+            if scaler is not None
+            else "the train cell's (loss, overflow, scale) output"
+            if call is not None and hasattr(call[0], "scale_sense")
+            else None
+        ),
+    )
     every = os.environ.get(CHECK_EVERY_ENV)
     W.probe = MindSporeProbe(
         None,
@@ -269,7 +311,7 @@ def _start(opt: Any, kind: str | None, call: Any) -> None:
         mode_cells=mode_cells,
         init_param_fp=init_fp,
         auto=True,
-        extra={"style": W.style},
+        extra={"style": W.style, "stages": seen_stages},
     )
     rank = getattr(W.probe, "rank", 0)
     print(
@@ -486,7 +528,10 @@ def _saw_reducer_built(reducer: Any, parameters: Any, given: dict[str, Any]) -> 
         "group_size": size,
         "n_params": len(parameters),
     }
-    W.reducers = [*[r for r in W.reducers if r[0]() is not None][-15:], (weakref.ref(reducer), settings, frozenset(id(p) for p in parameters))]
+    W.reducers = [
+        *[r for r in W.reducers if r[0]() is not None][-15:],
+        (weakref.ref(reducer), settings, frozenset(id(p) for p in parameters)),
+    ]
 
 
 def _saw_optimizer(opt: Any, _: Any = None) -> None:

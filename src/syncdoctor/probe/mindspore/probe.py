@@ -44,6 +44,7 @@ from syncdoctor.probe.mindspore.watch import (
     pick_reducer,
     reducer_settings,
     scaled_step_outputs,
+    stages,
     take_batches,
     take_init,
     to_float,
@@ -637,7 +638,21 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
                 take_init()
             init_fp = next((fp for ref, fp in W.optimizers if ref() is optimizer), None)
             mode = "GRAPH" if _ms().get_context("mode") == _ms().GRAPH_MODE else "PyNative"
-            style = f"Model.train ({mode}, dataset_sink_mode={_cb_get(cb, 'dataset_sink_mode')})"
+            sink = _cb_get(cb, "dataset_sink_mode")
+            style = f"Model.train ({mode}, dataset_sink_mode={sink})"
+            reducer = pick_reducer(optimizer, [n for n in (_cb_get(cb, "train_network"),) if n is not None])
+            seen_stages = stages(
+                compiled="Model.train's callback sees no gradients: they stay inside its train network",
+                data=None if sink else "the batches Model.train drew from the dataset iterator",
+                no_data="dataset_sink_mode=True: the batches go to the device without Python's iterator",
+                loss="Model.train's net_outputs",
+                reducer=reducer_settings(reducer),
+                grads_local=False,
+                grads_reduced=False,
+                loss_scale=f"{type(scaler).__name__}, and the (loss, overflow, scale) net_outputs"
+                if scaler is not None
+                else None,
+            )
             self.probe = MindSporeProbe(
                 network,
                 optimizer,
@@ -646,13 +661,13 @@ class SyncDoctorCallback(_callback_base()):  # type: ignore[misc]
                 dataset=dataset,
                 loss_scaler=scaler,
                 # The reducer Model built into its train network (from the parallel context).
-                grad_reducer=pick_reducer(optimizer, [n for n in (_cb_get(cb, "train_network"),) if n is not None]),
+                grad_reducer=reducer,
                 global_batch=batch,
                 check_every=self.check_every,
                 on_mismatch=self.on_mismatch,
                 init_param_fp=init_fp,
                 auto=W.installed,
-                extra={"ddp": {"wrapper": "Model.train"}, "style": style},
+                extra={"ddp": {"wrapper": "Model.train"}, "style": style, "stages": seen_stages},
             )
             if W.installed:
                 print(

@@ -166,3 +166,76 @@ def pick_reducer(optimizer: Any, roots: list[Any]) -> Any:
         if overlap and overlap >= score:
             best, score = reducer, overlap
     return best
+
+
+# The stages of a data-parallel step the MindSpore probe can watch, in dataflow order
+# (the snapshot's `stages`: for each, observed or not, and how or why not).
+STAGES = (
+    "params_start",
+    "data",
+    "modes",
+    "loss",
+    "grads_local",
+    "reduce_settings",
+    "grads_reduced",
+    "loss_scale",
+    "optimizer",
+    "params",
+)
+
+
+def stages(
+    *,
+    compiled: str | None,
+    data: str | None,
+    loss: str | None,
+    reducer: dict[str, Any],
+    grads_local: bool,
+    grads_reduced: bool,
+    loss_scale: str | None,
+    no_data: str = "no batch came through Python's dataset iterator",
+) -> dict[str, dict[str, Any]]:
+    """What this rank's probe observes of each stage: {"observed": True, "how": ...},
+    {"observed": False, "how": why not}, or {"observed": None, "how": ...} where the
+    stage is not in use (no loss scaler). `compiled`: why gradients do not reach
+    Python in this style (GRAPH mode, @ms.jit, Model.train's callback), else None.
+    `data`/`loss`: how they are read, None where they are not."""
+
+    def seen(how: str) -> dict[str, Any]:
+        return {"observed": True, "how": how}
+
+    def unseen(why: str) -> dict[str, Any]:
+        return {"observed": False, "how": why}
+
+    no_grads = compiled or "no call of the gradient reducer or the optimizer with gradients reached Python"
+    out = {
+        "params_start": seen(
+            "the parameters the optimizer updates, fingerprinted when it was built (before any update)"
+        ),
+        "data": seen(data) if data else unseen(no_data),
+        "modes": seen("the cells' train flags, at check steps"),
+        "loss": seen(loss) if loss else unseen("no scalar output of the step or of a loss cell reached Python"),
+        "grads_local": seen("the gradient reducer's input (PyNative), at detailed steps")
+        if grads_local
+        else unseen(no_grads),
+        "reduce_settings": (
+            seen(
+                f"the DistributedGradReducer built for the optimizer's parameters, read when it was built "
+                f"(mean={reducer.get('mean')}, degree={reducer.get('degree')}, group of {reducer.get('group_size')})"
+            )
+            if reducer
+            else unseen(
+                "no DistributedGradReducer was built for the optimizer's parameters: a hand-written "
+                "all-reduce (or none), whose operation and scale cannot be read"
+            )
+        ),
+        "grads_reduced": seen("the gradients the optimizer was called with (PyNative), at detailed steps")
+        if grads_reduced
+        else unseen(no_grads),
+        "loss_scale": {"observed": True, "how": loss_scale}
+        if loss_scale
+        else {"observed": None, "how": "no loss scaler in use"},
+        "optimizer": seen("hyperparameters and state fingerprinted at check steps"),
+        "params": seen("fingerprinted at check steps, compared across ranks live (AllGather)"),
+    }
+    return {name: out[name] for name in STAGES}
