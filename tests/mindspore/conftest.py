@@ -154,6 +154,14 @@ for _style in ("model", "cell", "functional"):
 for _style in ("cell-graph", "jit"):  # GRAPH mode and a jitted step: the baseline, and the three faults at once
     ZERO_CODE[f"zc-{_style}-clean"] = {"STYLE": _style}
     ZERO_CODE[f"zc-{_style}-three"] = {"STYLE": _style, **UNSEEDED, **SUMMED, **EVAL_RANK_1}
+# The settings that decide the reduce, read at start (a jitted step: nothing else shows
+# them), a reducer that averages while the context says otherwise (healthy), a mean
+# written by hand (no reducer to read: inconclusive), and a per-rank dataset seed.
+ZERO_CODE["zc-jit-reducer-sum"] = {"STYLE": "jit", "REDUCER_MEAN": "0"}
+ZERO_CODE["zc-jit-reducer-degree"] = {"STYLE": "jit", "REDUCER_MEAN": "1", "REDUCER_DEGREE": "4"}
+ZERO_CODE["zc-jit-mean-ctxfalse"] = {"STYLE": "jit", "REDUCER_MEAN": "1", "GRAD_MEAN": "0"}
+ZERO_CODE["zc-jit-opsreduce"] = {"STYLE": "jit", "REDUCE": "ops"}
+ZERO_CODE["zc-functional-dsseed"] = {"STYLE": "functional", "DS_SEED_BY_RANK": "1"}
 # The clean jobs also run user_ops.py's operations; each has a twin without the probe.
 OPS_STYLES = ("model", "cell", "functional", "cell-graph", "jit")
 for _style in OPS_STYLES:

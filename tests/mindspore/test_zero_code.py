@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from conftest import OPS_STYLES, ZERO_CODE, ops_dir, run_dir_entry  # type: ignore[import-not-found]
 
+from syncdoctor.probe.mindspore.watch import STAGES
+
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow, pytest.mark.timeout(3000)]
 
 STYLES = ("model", "cell", "functional")
@@ -187,3 +189,82 @@ def test_probe_is_invisible_to_the_users_objects(ms_jobs, style: str) -> None:
         if seen.get(rank, {}).get(moment, {}).get(op) != outcome
     ]
     assert not differs, "\n".join(differs)
+
+
+# -- the settings that decide the reduce, at start ----------------------------------------
+def test_a_reducer_that_sums_under_a_mean_context_is_named_at_step_0(ms_jobs) -> None:
+    """`nn.DistributedGradReducer(params, mean=False)` with gradients_mean=True, the step
+    under @ms.jit: no gradient reaches Python, the reducer's settings do (read when it was
+    built). A sum with the learning rate divided by N would be right: a warning."""
+    diag = diagnosis(ms_jobs.get("zc-jit-reducer-sum"))
+    top = diag.findings[0]
+    assert diag.verdict == "sync_problem" and (top.code, top.category, top.step) == ("SD403", "sync.reduce_op", 0)
+    assert top.severity == "warning" and "mean=False" in top.evidence[0] and "gradients_mean=True" in top.evidence[0]
+    ddp = records(ms_jobs.get("zc-jit-reducer-sum"))[1][0]["ddp"]
+    assert (ddp["reducer_mean"], ddp["reducer_mean_from"], ddp["reducer_group_size"]) == (False, "argument", 2)
+
+
+def test_a_reducer_degree_that_is_not_the_group_size_is_named_at_step_0(ms_jobs) -> None:
+    top = diagnosis(ms_jobs.get("zc-jit-reducer-degree")).findings[0]
+    assert (top.code, top.category, top.step, top.severity) == ("SD403", "sync.reduce_op", 0, "error")
+    assert "degree=4" in top.evidence[0] and "2 ranks" in top.evidence[0]
+
+
+def test_a_reducer_that_averages_is_healthy_whatever_the_context_says(ms_jobs) -> None:
+    """mean=True passed to the reducer, gradients_mean=False in the context: the reducer
+    averages (the context is read only by reducers built without `mean`)."""
+    run = ms_jobs.get("zc-jit-mean-ctxfalse")
+    diag = diagnosis(run)
+    assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
+    assert records(run)[0][0]["ddp"]["gradients_mean"] is False
+
+
+def test_a_per_rank_dataset_seed_is_named_at_step_0(ms_jobs) -> None:
+    """ds.config.set_seed(100 + rank) before a sharded, shuffled source: each rank's
+    DistributedSampler permutes with its own seed; named before any sample is read."""
+    run = ms_jobs.get("zc-functional-dsseed")
+    top = diagnosis(run).findings[0]
+    assert (top.code, top.category, top.step) == ("SD301", "data.seed", 0), top
+    assert [records(run)[r][0]["loader"]["seed"] for r in (0, 1)] == [100, 101]
+
+
+# -- which stages each style lets the probe observe (docs/mindspore.md, the style x stage table)
+Y, N, NA = True, False, None  # observed, not observable in the style, not in use
+STAGE_TABLE: dict[str, dict[str, bool | None]] = {
+    # style: params_start, data, modes, loss, grads_local, reduce_settings, grads_reduced, loss_scale, optimizer, params
+    "model": dict(zip(STAGES, (Y, Y, Y, Y, N, Y, N, NA, Y, Y), strict=True)),
+    "cell": dict(zip(STAGES, (Y, Y, Y, Y, Y, Y, Y, NA, Y, Y), strict=True)),
+    "cell-graph": dict(zip(STAGES, (Y, Y, Y, Y, N, Y, N, NA, Y, Y), strict=True)),
+    "functional": dict(zip(STAGES, (Y, Y, Y, Y, Y, Y, Y, NA, Y, Y), strict=True)),
+    "jit": dict(zip(STAGES, (Y, Y, Y, Y, N, Y, N, NA, Y, Y), strict=True)),
+}
+
+
+@pytest.mark.parametrize("style", list(STAGE_TABLE))
+def test_each_style_says_which_stages_it_observed(ms_jobs, style: str) -> None:
+    """The snapshot's `stages` on every rank, as the docs' table has it; a stage the style
+    hides is said beside the verdict with what stood in for it, and the verdict is
+    still healthy (the reducer's settings and the parameters stand in for the gradients)."""
+    run = ms_jobs.get(f"zc-{style}-clean")
+    for rank, lines in records(run).items():
+        declared = {name: value["observed"] for name, value in lines[0]["stages"].items()}
+        assert declared == STAGE_TABLE[style], (rank, declared)
+    diag = diagnosis(run)
+    hidden = [line for line in diag.coverage if line.startswith("not observed")]
+    if STAGE_TABLE[style]["grads_reduced"] is N:
+        assert len(hidden) == 1 and "gradients after the reduce" in hidden[0], diag.coverage
+        assert "what stood in: the reducer's settings" in hidden[0]
+    else:
+        assert not hidden, diag.coverage
+    assert diag.verdict == "healthy"
+
+
+def test_a_reduce_nothing_observes_is_not_called_healthy(ms_jobs) -> None:
+    """A hand-written mean (ops.AllReduce, then / world) under @ms.jit: no reducer to
+    read and no gradient reaching Python. The run is healthy, but a sum there would
+    look the same: the verdict is inconclusive and says why."""
+    run = ms_jobs.get("zc-jit-opsreduce")
+    diag = diagnosis(run)
+    assert diag.verdict == "inconclusive" and not diag.findings, [(f.code, f.evidence) for f in diag.findings]
+    assert any("the reducer's settings" in line and "nothing stood in" in line for line in diag.coverage)
+    assert records(run)[0][0]["stages"]["reduce_settings"]["observed"] is False

@@ -11,6 +11,7 @@ SEED=0: no seed at all (replicas start apart); GRAD_MEAN=0: gradients_mean=False
 EVAL_RANK=R: rank R leaves its network in eval mode (set_train(False)).
 REDUCER_MEAN=0|1, REDUCER_DEGREE=D (functional, jit): the DistributedGradReducer built
 with that mean / degree (unset: from the parallel context, as the docs show it).
+REDUCE=ops (functional, jit): a hand-written mean (ops.AllReduce, then / world) instead.
 DS_SEED_BY_RANK=1: ds.config.set_seed(100 + rank) right before the dataset is built, and
 ms.set_seed(1) again after it (a per-rank data stream "for augmentation", the model
 seeded alike): the sharded shuffle then overlaps.
@@ -109,7 +110,14 @@ else:
         reducer_args["mean"] = os.environ["REDUCER_MEAN"] != "0"
     if "REDUCER_DEGREE" in os.environ:
         reducer_args["degree"] = int(os.environ["REDUCER_DEGREE"])
-    grad_reducer = nn.DistributedGradReducer(optimizer.parameters, **reducer_args)
+    if os.environ.get("REDUCE") == "ops":  # a hand-written mean: no DistributedGradReducer at all
+        allreduce = ms.ops.AllReduce()
+
+        def grad_reducer(grads):
+            return tuple(allreduce(g) / world for g in grads)
+
+    else:
+        grad_reducer = nn.DistributedGradReducer(optimizer.parameters, **reducer_args)
 
     def train_step(xb, yb):
         loss, grads = grad_fn(xb, yb)

@@ -184,10 +184,10 @@ def stage_lines(ev: Evidence) -> list[str]:
         if name != "loss":
             groups.setdefault((why, tuple(others)), []).append(STAGE_NAMES.get(name, name))
     lines = []
-    for (why, others), labels in groups.items():
-        if others:
+    for (why, stood_in), labels in groups.items():
+        if stood_in:
             tail = "what stood in: " + " or ".join(
-                " with ".join(STAGE_NAMES.get(p, p) for p in group.split("+")) for group in others
+                " with ".join(STAGE_NAMES.get(p, p) for p in group.split("+")) for group in stood_in
             )
         else:
             tail = "nothing stood in: a fault there is not ruled out"
