@@ -82,17 +82,9 @@ SCENARIOS: dict[tuple[str, str], Expected] = {
         f"{LH}/pull/15304, https://github.com/huggingface/accelerate/issues/94",
     ),
     ("lightning-torchrun", ""): HEALTHY,
-    ("lightning-torchrun", "no_dist_sampler"): Expected(
-        "sync_problem", "data.sharding", None, BOTH, "as above, under torchrun", f"{LH}/issues/8562"
-    ),
-    ("lightning-torchrun", "eval_rank0"): Expected(
-        "sync_problem",
-        "model.mode_mismatch",
-        (9, 10),
-        (0,),
-        "as above, under torchrun",
-        "https://github.com/shubhamagarwal92/mmd/issues/14",
-    ),
+    # Its no_dist_sampler and eval_rank0 twins are the Lightning ones under another launcher:
+    # what the launcher changes (how the probe reaches the ranks) the healthy run and lr_rank0
+    # show, so they were dropped to keep the CI under 20 minutes.
     ("lightning-torchrun", "lr_rank0"): Expected(
         "sync_problem", "optim.state_mismatch", (1, 1), BOTH, "as above, under torchrun", f"{LH}/pull/15304"
     ),
@@ -202,7 +194,8 @@ SCENARIOS: dict[tuple[str, str], Expected] = {
 # two bugs per way of attaching: what attach changes is how the probe finds the objects
 # (a Lightning callback, a TrainerCallback, attach() on accelerate's or a hand-made
 # wrapper), not what it compares once attached, and every healthy program runs attached.
-# The other twins run zero-code only, which cut 11 of the zoo's 57 launches.
+# The other twins run zero-code only: with the two Lightning-under-torchrun twins dropped
+# (above), the zoo launches 44 runs where it launched 57.
 ATTACHED_BUGS = {
     ("lightning", "eval_rank0"),
     ("lightning", "lr_rank0"),
