@@ -14,6 +14,7 @@ MAX_LINE_BYTES is cut to that prefix and the rest of it skipped unread.
 
 from __future__ import annotations
 
+import io
 import re
 import zlib
 from collections import deque
@@ -155,11 +156,52 @@ class TolerantStream:
         return b"".join(parts)
 
 
+# How much of a window's end is read to find its last newline (see _exact_block).
+PROBE_BYTES = 1 << 16
+
+
+def _exact_block(stream: BinaryIO, chunk_bytes: int, carry: bytes) -> tuple[bytes, bytes] | None:
+    """The block the generic step of ``_blocks`` would cut from the next window, and
+    the carry it would leave, read from a seekable file without copying the block:
+    the window's last newline is found in its last PROBE_BYTES, then the block is read
+    with one read of exactly its bytes (slicing and joining 16 MiB cost a fifth of
+    the main thread). None, the stream back at the window, where that does not hold
+    (no newline in the probe, the end of the file, a file that changed)."""
+    window = stream.tell()
+    end_of_file = stream.seek(0, io.SEEK_END)
+    window_end = min(window + chunk_bytes, end_of_file)
+    probe_at = max(window, window_end - PROBE_BYTES)
+    stream.seek(probe_at)
+    tail = stream.read(window_end - probe_at) if window_end > window else b""
+    cut = tail.rfind(b"\n")
+    if cut < 0 or len(tail) != window_end - probe_at:
+        stream.seek(window)
+        return None
+    start = window - len(carry)
+    stop = probe_at + cut + 1
+    stream.seek(start)
+    block = stream.read(stop - start)
+    if len(block) != stop - start or not block.startswith(carry):
+        stream.seek(window)
+        return None
+    stream.seek(window_end)
+    return block, tail[cut + 1 :]
+
+
 def _blocks(stream: BinaryIO | TolerantStream, chunk_bytes: int) -> Iterator[tuple[bytes, bool]]:
     """Yield (whole lines, last line was truncated) from a byte stream."""
     carry = b""
     skipping = False  # inside an over-long line whose prefix was already yielded
+    # Plain files (and in-memory buffers) can be read block by block exactly; a
+    # decompressing stream, whose seek would decompress again, cannot.
+    seekable = isinstance(stream, (io.BufferedReader, io.BytesIO)) and stream.seekable()
     while True:
+        if seekable and not skipping:
+            exact = _exact_block(stream, chunk_bytes, carry)  # type: ignore[arg-type]
+            if exact is not None:
+                block, carry = exact
+                yield block, False
+                continue
         data = stream.read(chunk_bytes)
         if not data:
             if carry:
