@@ -185,7 +185,7 @@ class _FileReader:
             source = TolerantStream(stream) if self.log.compressed else stream
             first = True
             last: Chunk | None = None
-            for chunk in iter_chunks(source):
+            for chunk in iter_chunks(source, anchors=ev.ANCHORS):
                 last = chunk
                 if first:
                     head_lines = chunk.frame["l"].head(200).to_list()
@@ -210,7 +210,9 @@ class _FileReader:
 
     def _chunk(self, chunk: Chunk) -> None:
         fast = self._fast_groups(chunk) if FAST_SHAPES else {}
-        for line_no, text, eventish in zip(chunk.lines, chunk.texts, chunk.eventish, strict=True):
+        for line_no, text, eventish, anchors in zip(
+            chunk.lines, chunk.texts, chunk.eventish, chunk.anchors, strict=True
+        ):
             if not text or line_no in self.consumed:
                 continue
             if fast:
@@ -254,7 +256,9 @@ class _FileReader:
             # DeepSpeed's "step=2000, skipped=1995" carries only the step keyword,
             # yet its skip counter is the loss scaler's record of overflows.
             if eventish or "skipped=" in low:
-                match = ev.classify(body, low)
+                # the anchors the scan found in the line are those its body holds and
+                # more, unless stripping the prefixes spliced the body ("[rank0]:" cut out)
+                match = ev.classify(body, low, anchors if anchors is not None and line.endswith(body) else None)
                 if match is not None and match.rule.kind is not None:
                     if t is None:
                         t = self._time(body)

@@ -114,6 +114,11 @@ class Chunk:
     # the line may take the shape fast path (ingest/core.py): ASCII, no "\r", at most
     # PARSE_CHARS long; null elsewhere.
     candidates: pl.DataFrame | None = None
+    # per candidate: the literals asked for (iter_chunks' ``anchors``) that the line
+    # holds once lower-cased, every occurrence; None where not searched (a line with
+    # no event keyword, or not ASCII: Python's lower() maps some non-ASCII letters to
+    # ASCII ones)
+    anchors: list[list[str] | None] = field(default_factory=list)
 
     @property
     def n_lines(self) -> int:
@@ -244,20 +249,23 @@ def _split_lines(block: bytes) -> pl.DataFrame:
 _Scanned = tuple[pl.DataFrame, pl.DataFrame, list[int]]
 
 
-def _with_shapes(cand: pl.DataFrame) -> pl.DataFrame:
+def _with_shapes(cand: pl.DataFrame, anchors: tuple[str, ...] = ()) -> pl.DataFrame:
     """The candidates' shapes, computed here off the main thread: Rust collapses the
     digit runs of a few percent of the lines faster than Python splits one. Only
-    ASCII lines get one, where "[0-9]" and Python's "\\d" agree."""
+    ASCII lines get one, where "[0-9]" and Python's "\\d" agree. With ``anchors``,
+    also the anchors each ASCII event candidate holds ("a", see Chunk.anchors)."""
     line = pl.col("l")
-    fast = (
-        (line.str.len_bytes() == line.str.len_chars())
-        & (line.str.len_bytes() <= PARSE_CHARS)
-        & ~line.str.contains("\r", literal=True)
-    )
-    return cand.with_columns(pl.when(fast).then(line.str.replace_all("[0-9]+", "0")).alias("s"))
+    ascii_ = line.str.len_bytes() == line.str.len_chars()
+    fast = ascii_ & (line.str.len_bytes() <= PARSE_CHARS) & ~line.str.contains("\r", literal=True)
+    columns = [pl.when(fast).then(line.str.replace_all("[0-9]+", "0")).alias("s")]
+    if anchors:
+        # lower-cased first: extract_many gives the matched text, not the pattern
+        found = line.str.to_lowercase().str.extract_many(list(anchors), overlapping=True)
+        columns.append(pl.when(ascii_ & pl.col("ev")).then(found).alias("a"))
+    return cand.with_columns(columns)
 
 
-def _scan_block(block: bytes, head_rows: int = 0) -> _Scanned:
+def _scan_block(block: bytes, head_rows: int = 0, anchors: tuple[str, ...] = ()) -> _Scanned:
     """Split one block into lines and keep the candidates (runs off the main thread:
     polars releases the GIL, so Python parses the previous chunk meanwhile); the
     first ``head_rows`` lines are candidates whatever they hold."""
@@ -277,7 +285,7 @@ def _scan_block(block: bytes, head_rows: int = 0) -> _Scanned:
             .with_columns(pl.col("l").str.contains(EVENT_PATTERN).alias("ev"))
             .collect()
         )
-        return frame, _with_shapes(cand), long_rows
+        return frame, _with_shapes(cand, anchors), long_rows
     passed = (
         frame.lazy()
         .with_row_index("i")
@@ -298,12 +306,15 @@ def _scan_block(block: bytes, head_rows: int = 0) -> _Scanned:
             | (pl.col("i") < head_rows)
         ).alias("ev")
     )
-    return frame, _with_shapes(cand), long_rows
+    return frame, _with_shapes(cand, anchors), long_rows
 
 
-def iter_chunks(stream: BinaryIO | TolerantStream, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Chunk]:
+def iter_chunks(
+    stream: BinaryIO | TolerantStream, chunk_bytes: int = CHUNK_BYTES, anchors: tuple[str, ...] = ()
+) -> Iterator[Chunk]:
     """Chunks of whole lines with their candidate lines, in file order. One block
-    is always being scanned ahead of the chunk the caller is parsing."""
+    is always being scanned ahead of the chunk the caller is parsing. ``anchors``:
+    lower-case ASCII literals to report per event candidate (Chunk.anchors)."""
     first_line = 1
     ahead: deque[tuple[Future[_Scanned], bool]] = deque()
 
@@ -321,13 +332,14 @@ def iter_chunks(stream: BinaryIO | TolerantStream, chunk_bytes: int = CHUNK_BYTE
             eventish=cand["ev"].to_list(),
             long_lines=[first_line + i for i in long_rows],
             candidates=cand,
+            anchors=cand["a"].to_list() if "a" in cand.columns else [None] * cand.height,
         )
         first_line += frame.height
         return chunk
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         for n, (block, truncated) in enumerate(_blocks(stream, chunk_bytes)):
-            ahead.append((pool.submit(_scan_block, block, HEAD_ROWS if n == 0 else 0), truncated))
+            ahead.append((pool.submit(_scan_block, block, HEAD_ROWS if n == 0 else 0, anchors), truncated))
             if len(ahead) > 1:
                 yield finish(ahead.popleft())
         while ahead:
