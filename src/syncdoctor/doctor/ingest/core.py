@@ -377,16 +377,17 @@ class _FileReader:
         value_columns = [_floats_or_nan(columns[g]) for _, g in plan.values]
         line_ranks = last.get("rank", [None] * n)
         printed = [step is not None for step in last.get("step", [None] * n)]
-        entries = (
-            [
-                self._value_entry(dict(zip(keys, row, strict=True)), None, line_no, rank, step, True)
-                for line_no, rank, step, row in zip(
-                    line_nos, line_ranks, printed, zip(*value_columns, strict=True), strict=True
-                )
-            ]
-            if keys
-            else [None] * n
-        )
+        entries: list[_ValueLine | None] = [None] * n
+        if keys:
+            file_rank = self.log.rank
+            rows = zip(line_nos, line_ranks, printed, zip(*value_columns, strict=True), strict=True)
+            for k, (line_no, rank, step, row) in enumerate(rows):
+                values = dict(zip(keys, row, strict=True))
+                if step and (rank is not None or "rank" not in values):
+                    # what _value_entry gives a loss line with its own step, in short
+                    entries[k] = (rank if rank is not None else file_rank, line_no, None, values, True)
+                else:
+                    entries[k] = self._value_entry(values, None, line_no, rank, step, True)
         return [(plan, rows, entry) for rows, entry in zip(zip(*per_point, strict=True), entries, strict=True)]
 
     def _fast_line(self, item: _FastLine, text: str) -> None:
