@@ -11,7 +11,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise, repeat
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -29,7 +29,16 @@ from syncdoctor.doctor.ingest.scan import (
     TolerantStream,
     iter_chunks,
 )
-from syncdoctor.doctor.ingest.shapes import FAST_MIN_LINES, ShapePlan, build_plan, qualifies
+from syncdoctor.doctor.ingest.shapes import (
+    FAST_MIN_LINES,
+    Numbers,
+    ShapePlan,
+    build_plan,
+    cut_numbers,
+    fast_pool,
+    qualifies,
+    shape_counts,
+)
 from syncdoctor.doctor.ingest.values import STEP_KEYS, fast_spans, line_values
 from syncdoctor.doctor.model import Event
 from syncdoctor.errors import InputError
@@ -145,6 +154,8 @@ _ValueLine = tuple[int | None, int, int | None, dict[str, float], bool]
 # What the shape fast path adds for one line: its plan, one loss row per point (in
 # _WORK_SCHEMA's order up to "_t"), its values line (None: none kept)
 _FastLine = tuple[ShapePlan, tuple[tuple[object, ...], ...], _ValueLine | None]
+# The fast path's share of a chunk's scan: (shape, lines) counts, the plans used, the numbers cut
+_Prepared = tuple[list[tuple[str, int]], dict[str, ShapePlan], Numbers]
 
 
 def _floats_or_nan(texts: list[str]) -> list[float]:
@@ -206,7 +217,8 @@ class _FileReader:
             source = TolerantStream(stream) if self.log.compressed else stream
             first = True
             last: Chunk | None = None
-            for chunk in iter_chunks(source, anchors=ev.ANCHORS):
+            prepare = self._prepare if FAST_SHAPES else None
+            for chunk in iter_chunks(source, anchors=ev.ANCHORS, prepare=prepare):
                 last = chunk
                 if first:
                     head_lines = chunk.frame["l"].head(200).to_list()
@@ -304,6 +316,22 @@ class _FileReader:
             self.plans[shape] = plan
         return plan
 
+    def _prepare(self, cand: pl.DataFrame) -> _Prepared:
+        """The fast path's polars work on a chunk's candidates, run on the scan's
+        thread (polars releases the GIL meanwhile): the shapes' counts, and the
+        numbers of the lines whose shape already has a plan (``self.plans`` is only
+        read here; shapes planned later are cut on the main thread)."""
+        pool = fast_pool(cand)
+        if pool.is_empty():
+            return [], {}, {}
+        counts = shape_counts(pool)
+        known: dict[str, ShapePlan] = {}
+        for shape, n in counts:
+            plan = self.plans.get(shape) if n >= FAST_MIN_LINES else None
+            if plan is not None:
+                known[shape] = plan
+        return counts, known, cut_numbers(pool, known) if known else {}
+
     def _fast_groups(self, chunk: Chunk) -> dict[int, _FastLine]:
         """line number -> what the full path would add for it, for the chunk's lines
         whose shape has a plan: one regex per shape cuts the numbers out, and the rows
@@ -312,30 +340,19 @@ class _FileReader:
         cand = chunk.candidates
         if cand is None or cand.is_empty():
             return {}
-        pool = cand.filter(pl.col("s").is_not_null() & ~pl.col("ev"))
-        if pool.is_empty():
-            return {}
-        counts = pool["s"].value_counts()
-        plans: dict[str, ShapePlan] = {}
-        for shape, n in zip(counts["s"].to_list(), counts["count"].to_list(), strict=True):
-            if n >= FAST_MIN_LINES and (plan := self._plan(shape)) is not None:
-                plans[shape] = plan
+        prepared = cast("_Prepared | None", chunk.prepared)
+        counts, known, numbers = prepared if prepared is not None else self._prepare(cand)
+        todo: dict[str, ShapePlan] = {}
+        for shape, n in counts:
+            if n >= FAST_MIN_LINES and shape not in known and (plan := self._plan(shape)) is not None:
+                todo[shape] = plan
+        if todo:
+            known = {**known, **todo}
+            numbers = {**numbers, **cut_numbers(fast_pool(cand), todo)}
         out: dict[int, _FastLine] = {}
-        if not plans:
-            return out
-        chosen = pool.filter(pl.col("s").is_in(list(plans)))
-        for (shape,), group in chosen.partition_by("s", as_dict=True, maintain_order=True).items():
-            plan = plans[str(shape)]
-            numbers = (
-                group.select("i", pl.col("l").str.extract_groups(plan.pattern).alias("n"))
-                .unnest("n")
-                .drop_nulls()  # cannot happen for a line of the shape; the full path if it does
-            )
-            if numbers.is_empty():
-                continue
-            line_nos = [chunk.first_line + i for i in numbers["i"].to_list()]
-            columns = [numbers[c].to_list() for c in numbers.columns[1:]]
-            out.update(zip(line_nos, self._fast_rows(plan, line_nos, columns), strict=True))
+        for shape, (rows, columns) in numbers.items():
+            line_nos = [chunk.first_line + i for i in rows]
+            out.update(zip(line_nos, self._fast_rows(known[shape], line_nos, columns), strict=True))
         return out
 
     def _fast_rows(self, plan: ShapePlan, line_nos: list[int], columns: list[list[str]]) -> list[_FastLine]:

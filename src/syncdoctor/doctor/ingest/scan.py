@@ -18,7 +18,7 @@ import io
 import re
 import zlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -119,6 +119,7 @@ class Chunk:
     # no event keyword, or not ASCII: Python's lower() maps some non-ASCII letters to
     # ASCII ones)
     anchors: list[list[str] | None] = field(default_factory=list)
+    prepared: object = None  # what iter_chunks' ``prepare`` made of the candidates
 
     @property
     def n_lines(self) -> int:
@@ -246,7 +247,7 @@ def _split_lines(block: bytes) -> pl.DataFrame:
         return pl.DataFrame({"l": [r.removesuffix("\r") or None for r in rows]}, schema={"l": pl.String})
 
 
-_Scanned = tuple[pl.DataFrame, pl.DataFrame, list[int]]
+_Scanned = tuple[pl.DataFrame, pl.DataFrame, list[int], object]
 
 
 def _with_shapes(cand: pl.DataFrame, anchors: tuple[str, ...] = ()) -> pl.DataFrame:
@@ -265,7 +266,9 @@ def _with_shapes(cand: pl.DataFrame, anchors: tuple[str, ...] = ()) -> pl.DataFr
     return cand.with_columns(columns)
 
 
-def _scan_block(block: bytes, head_rows: int = 0, anchors: tuple[str, ...] = ()) -> _Scanned:
+def _scan_block(
+    block: bytes, head_rows: int = 0, anchors: tuple[str, ...] = ()
+) -> tuple[pl.DataFrame, pl.DataFrame, list[int]]:
     """Split one block into lines and keep the candidates (runs off the main thread:
     polars releases the GIL, so Python parses the previous chunk meanwhile); the
     first ``head_rows`` lines are candidates whatever they hold."""
@@ -309,19 +312,30 @@ def _scan_block(block: bytes, head_rows: int = 0, anchors: tuple[str, ...] = ())
     return frame, _with_shapes(cand, anchors), long_rows
 
 
+def _scan_and_prepare(
+    block: bytes, head_rows: int, anchors: tuple[str, ...], prepare: Callable[[pl.DataFrame], object] | None
+) -> _Scanned:
+    frame, cand, long_rows = _scan_block(block, head_rows, anchors)
+    return frame, cand, long_rows, None if prepare is None else prepare(cand)
+
+
 def iter_chunks(
-    stream: BinaryIO | TolerantStream, chunk_bytes: int = CHUNK_BYTES, anchors: tuple[str, ...] = ()
+    stream: BinaryIO | TolerantStream,
+    chunk_bytes: int = CHUNK_BYTES,
+    anchors: tuple[str, ...] = (),
+    prepare: Callable[[pl.DataFrame], object] | None = None,
 ) -> Iterator[Chunk]:
     """Chunks of whole lines with their candidate lines, in file order. One block
     is always being scanned ahead of the chunk the caller is parsing. ``anchors``:
-    lower-case ASCII literals to report per event candidate (Chunk.anchors)."""
+    lower-case ASCII literals to report per event candidate (Chunk.anchors);
+    ``prepare``: run on the candidates on the scanning thread (Chunk.prepared)."""
     first_line = 1
     ahead: deque[tuple[Future[_Scanned], bool]] = deque()
 
     def finish(item: tuple[Future[_Scanned], bool]) -> Chunk:
         nonlocal first_line
         future, truncated = item
-        frame, cand, long_rows = future.result()
+        frame, cand, long_rows, prepared = future.result()
         if truncated:  # the block's last line is the prefix of an over-long line
             long_rows = sorted({*long_rows, frame.height - 1})
         chunk = Chunk(
@@ -332,6 +346,7 @@ def iter_chunks(
             eventish=cand["ev"].to_list(),
             long_lines=[first_line + i for i in long_rows],
             candidates=cand,
+            prepared=prepared,
             anchors=cand["a"].to_list() if "a" in cand.columns else [None] * cand.height,
         )
         first_line += frame.height
@@ -339,7 +354,9 @@ def iter_chunks(
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         for n, (block, truncated) in enumerate(_blocks(stream, chunk_bytes)):
-            ahead.append((pool.submit(_scan_block, block, HEAD_ROWS if n == 0 else 0, anchors), truncated))
+            ahead.append(
+                (pool.submit(_scan_and_prepare, block, HEAD_ROWS if n == 0 else 0, anchors, prepare), truncated)
+            )
             if len(ahead) > 1:
                 yield finish(ahead.popleft())
         while ahead:
