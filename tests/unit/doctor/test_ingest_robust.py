@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from syncdoctor.doctor.ingest import ingest_logs
-from syncdoctor.doctor.ingest.scan import MAX_LINE_BYTES, _split_lines, iter_chunks
+from syncdoctor.doctor.ingest import ingest_logs, scan
+from syncdoctor.doctor.ingest.scan import MAX_LINE_BYTES, TolerantStream, _split_lines, iter_chunks
 from syncdoctor.errors import InputError
 
 
@@ -201,6 +201,26 @@ def test_chunked_scan_numbers_lines_exactly(lines, chunk_bytes):
     total = sum(c.n_lines for c in iter_chunks(io.BytesIO(blob), chunk_bytes=chunk_bytes))
     assert total == len(expected)
     assert len(blob) < MAX_LINE_BYTES
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from([0, 1, 7, 60, 150, 299, 300, 301, 900]), max_size=40),
+    st.sampled_from([b"", b"\n", b"tail"]),
+    st.integers(min_value=16, max_value=700),
+)
+def test_blocks_of_a_file_are_those_of_a_stream(lengths, end, chunk_bytes):
+    """A plain file's blocks are read exactly (probe the window's end, read the block
+    in one go): the same blocks, carries and cut long lines as a stream's."""
+    blob = b"\n".join(bytes((97 + (i * 7 + n) % 3) for i in range(n)) for n in lengths) + end
+    old = scan.MAX_LINE_BYTES, scan.PROBE_BYTES
+    scan.MAX_LINE_BYTES, scan.PROBE_BYTES = 300, 64  # long lines and probes without a newline
+    try:
+        want = list(scan._blocks(TolerantStream(io.BytesIO(blob)), chunk_bytes))  # no seek: the generic path
+        got = list(scan._blocks(io.BytesIO(blob), chunk_bytes))
+    finally:
+        scan.MAX_LINE_BYTES, scan.PROBE_BYTES = old
+    assert got == want
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -10,7 +10,8 @@ import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise
+from itertools import pairwise, repeat
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -18,7 +19,7 @@ import polars as pl
 from syncdoctor.doctor.ingest import events as ev
 from syncdoctor.doctor.ingest.fields import detect_host_labels, detect_srun_labels, parse_time, strip_prefixes
 from syncdoctor.doctor.ingest.files import SNIFF_BYTES, LogFile, discover, looks_binary, open_binary
-from syncdoctor.doctor.ingest.losses import LossParser, LossPoint, global_steps, point_from_texts, split_records
+from syncdoctor.doctor.ingest.losses import LossParser, LossPoint, global_steps, point_columns, split_records
 from syncdoctor.doctor.ingest.scan import (
     HEAD_ROWS,
     MAX_LINE_BYTES,
@@ -28,7 +29,16 @@ from syncdoctor.doctor.ingest.scan import (
     TolerantStream,
     iter_chunks,
 )
-from syncdoctor.doctor.ingest.shapes import FAST_MIN_LINES, ShapePlan, build_plan, qualifies
+from syncdoctor.doctor.ingest.shapes import (
+    FAST_MIN_LINES,
+    Numbers,
+    ShapePlan,
+    build_plan,
+    cut_numbers,
+    fast_pool,
+    qualifies,
+    shape_counts,
+)
 from syncdoctor.doctor.ingest.values import STEP_KEYS, fast_spans, line_values
 from syncdoctor.doctor.model import Event
 from syncdoctor.errors import InputError
@@ -139,6 +149,29 @@ class _EventStore:
         return out
 
 
+# A line's values as kept: (rank, line, printed step or None, {key: value}, has a loss point)
+_ValueLine = tuple[int | None, int, int | None, dict[str, float], bool]
+# What the shape fast path adds for one line: its plan, one loss row per point (in
+# _WORK_SCHEMA's order up to "_t"), its values line (None: none kept)
+_FastLine = tuple[ShapePlan, tuple[tuple[object, ...], ...], _ValueLine | None]
+# The fast path's share of a chunk's scan: (shape, lines) counts, the plans used, the numbers cut
+_Prepared = tuple[list[tuple[str, int]], dict[str, ShapePlan], Numbers]
+
+
+def _floats_or_nan(texts: list[str]) -> list[float]:
+    """float() of each text, NaN where float() refuses one (as line_values reads)."""
+    try:
+        return list(map(float, texts))
+    except ValueError:
+        out = []
+        for text in texts:
+            try:
+                out.append(float(text))
+            except ValueError:
+                out.append(math.nan)
+        return out
+
+
 class _FileReader:
     """Reads one log file: loss rows into small frames, events into the store."""
 
@@ -158,8 +191,7 @@ class _FileReader:
         self.host_labels = False
         self.consumed: set[int] = set()
         self.timed_shapes: dict[str, bool] = {}  # loss-line shape -> carries a timestamp
-        # (rank, line, printed step or None, {key: value}, has a loss point)
-        self.value_lines: list[tuple[int | None, int, int | None, dict[str, float], bool]] = []
+        self.value_lines: list[_ValueLine] = []
         self.value_lines_dropped = 0
         self.plans: dict[str, ShapePlan | None] = {}  # shape -> its fast path; None: never
         self.fast_lines = 0  # lines read by the shape fast path
@@ -185,7 +217,8 @@ class _FileReader:
             source = TolerantStream(stream) if self.log.compressed else stream
             first = True
             last: Chunk | None = None
-            for chunk in iter_chunks(source):
+            prepare = self._prepare if FAST_SHAPES else None
+            for chunk in iter_chunks(source, anchors=ev.ANCHORS, prepare=prepare):
                 last = chunk
                 if first:
                     head_lines = chunk.frame["l"].head(200).to_list()
@@ -210,13 +243,15 @@ class _FileReader:
 
     def _chunk(self, chunk: Chunk) -> None:
         fast = self._fast_groups(chunk) if FAST_SHAPES else {}
-        for line_no, text, eventish in zip(chunk.lines, chunk.texts, chunk.eventish, strict=True):
+        for line_no, text, eventish, anchors in zip(
+            chunk.lines, chunk.texts, chunk.eventish, chunk.anchors, strict=True
+        ):
             if not text or line_no in self.consumed:
                 continue
             if fast:
                 item = fast.get(line_no)
                 if item is not None:
-                    self._fast_line(item[0], item[1], text, line_no)
+                    self._fast_line(item, text)
                     continue
             line = text[:PARSE_CHARS]
             prefix = strip_prefixes(line, self.srun_labels, self.host_labels)
@@ -254,7 +289,9 @@ class _FileReader:
             # DeepSpeed's "step=2000, skipped=1995" carries only the step keyword,
             # yet its skip counter is the loss scaler's record of overflows.
             if eventish or "skipped=" in low:
-                match = ev.classify(body, low)
+                # the anchors the scan found in the line are those its body holds and
+                # more, unless stripping the prefixes spliced the body ("[rank0]:" cut out)
+                match = ev.classify(body, low, anchors if anchors is not None and line.endswith(body) else None)
                 if match is not None and match.rule.kind is not None:
                     if t is None:
                         t = self._time(body)
@@ -279,55 +316,109 @@ class _FileReader:
             self.plans[shape] = plan
         return plan
 
-    def _fast_groups(self, chunk: Chunk) -> dict[int, tuple[ShapePlan, tuple[str, ...]]]:
-        """line number -> (its shape's plan, the texts of its numbers), for the
-        chunk's lines whose shape has a plan, cut out by one regex per shape."""
+    def _prepare(self, cand: pl.DataFrame) -> _Prepared:
+        """The fast path's polars work on a chunk's candidates, run on the scan's
+        thread (polars releases the GIL meanwhile): the shapes' counts, and the
+        numbers of the lines whose shape already has a plan (``self.plans`` is only
+        read here; shapes planned later are cut on the main thread)."""
+        pool = fast_pool(cand)
+        if pool.is_empty():
+            return [], {}, {}
+        counts = shape_counts(pool)
+        known: dict[str, ShapePlan] = {}
+        for shape, n in counts:
+            plan = self.plans.get(shape) if n >= FAST_MIN_LINES else None
+            if plan is not None:
+                known[shape] = plan
+        return counts, known, cut_numbers(pool, known) if known else {}
+
+    def _fast_groups(self, chunk: Chunk) -> dict[int, _FastLine]:
+        """line number -> what the full path would add for it, for the chunk's lines
+        whose shape has a plan: one regex per shape cuts the numbers out, and the rows
+        are built a column at a time (per line, only what depends on the order of
+        lines is left: timestamps, the values cap, lines a torchrun block took)."""
         cand = chunk.candidates
         if cand is None or cand.is_empty():
             return {}
-        pool = cand.filter(pl.col("s").is_not_null() & ~pl.col("ev"))
-        if pool.is_empty():
-            return {}
-        counts = pool["s"].value_counts()
-        plans: dict[str, ShapePlan] = {}
-        for shape, n in zip(counts["s"].to_list(), counts["count"].to_list(), strict=True):
-            if n >= FAST_MIN_LINES and (plan := self._plan(shape)) is not None:
-                plans[shape] = plan
-        out: dict[int, tuple[ShapePlan, tuple[str, ...]]] = {}
-        if not plans:
-            return out
-        chosen = pool.filter(pl.col("s").is_in(list(plans)))
-        for (shape,), group in chosen.partition_by("s", as_dict=True, maintain_order=True).items():
-            plan = plans[str(shape)]
-            numbers = group.select(pl.col("l").str.extract_groups(plan.pattern)).to_series().struct.unnest()
-            columns = [numbers[c].to_list() for c in numbers.columns]
-            for i, texts in zip(group["i"].to_list(), zip(*columns, strict=True), strict=True):
-                if None not in texts:  # cannot happen for a line of the shape; the full path if it does
-                    out[chunk.first_line + i] = (plan, texts)
+        prepared = cast("_Prepared | None", chunk.prepared)
+        counts, known, numbers = prepared if prepared is not None else self._prepare(cand)
+        todo: dict[str, ShapePlan] = {}
+        for shape, n in counts:
+            if n >= FAST_MIN_LINES and shape not in known and (plan := self._plan(shape)) is not None:
+                todo[shape] = plan
+        if todo:
+            known = {**known, **todo}
+            numbers = {**numbers, **cut_numbers(fast_pool(cand), todo)}
+        out: dict[int, _FastLine] = {}
+        for shape, (rows, columns) in numbers.items():
+            line_nos = [chunk.first_line + i for i in rows]
+            out.update(zip(line_nos, self._fast_rows(known[shape], line_nos, columns), strict=True))
         return out
 
-    def _fast_line(self, plan: ShapePlan, texts: tuple[str, ...], text: str, line_no: int) -> None:
-        """What the full path does with a loss line of a planned shape, from the
-        texts of its numbers (the line is its own body: the shape peels nothing)."""
+    def _fast_rows(self, plan: ShapePlan, line_nos: list[int], columns: list[list[str]]) -> list[_FastLine]:
+        """What the full path adds for lines of a planned shape, from the texts of
+        their numbers (column g: group g of the shape's regex), as ``_FastLine``s:
+        the same loss rows (but their timestamp and file), values lines."""
+        n = len(line_nos)
+        source = self.log.source
+        per_point: list[list[tuple[object, ...]]] = []
+        last: dict[str, list[Any]] = {}
+        for _fmt, fields in plan.points:
+            point = point_columns(
+                [(name, columns[g], None if tg is None else columns[tg]) for name, g, tg in fields], n
+            )
+            none = [None] * n
+            ranks = [
+                _int64_or_none(r if r is not None else self.log.rank)  # no launcher prefix: the shape peels none
+                for r in point.get("rank", none)
+            ]
+            per_point.append(
+                list(
+                    zip(
+                        ranks,
+                        [_int64_or_none(step) for step in point.get("step", none)],
+                        point["loss"],
+                        point.get("epoch", none),
+                        point.get("lr", none),
+                        point.get("grad_norm", none),
+                        repeat(source),
+                        line_nos,
+                        point.get("acc", none),
+                        point.get("step_total", none),
+                        strict=False,  # repeat() is endless
+                    )
+                )
+            )
+            last = point
+        keys = [key for key, _ in plan.values]
+        value_columns = [_floats_or_nan(columns[g]) for _, g in plan.values]
+        line_ranks = last.get("rank", [None] * n)
+        printed = [step is not None for step in last.get("step", [None] * n)]
+        entries: list[_ValueLine | None] = [None] * n
+        if keys:
+            file_rank = self.log.rank
+            rows = zip(line_nos, line_ranks, printed, zip(*value_columns, strict=True), strict=True)
+            for k, (line_no, rank, step, row) in enumerate(rows):
+                values = dict(zip(keys, row, strict=True))
+                if step and (rank is not None or "rank" not in values):
+                    # what _value_entry gives a loss line with its own step, in short
+                    entries[k] = (rank if rank is not None else file_rank, line_no, None, values, True)
+                else:
+                    entries[k] = self._value_entry(values, None, line_no, rank, step, True)
+        return [(plan, rows, entry) for rows, entry in zip(zip(*per_point, strict=True), entries, strict=True)]
+
+    def _fast_line(self, item: _FastLine, text: str) -> None:
+        """Add what ``_fast_rows`` prepared for a line, in file order."""
+        plan, rows, entry = item
         t = self._time(text) if plan.timed else None
-        points = [
-            point_from_texts(fmt, [(name, texts[g], None if tg is None else texts[tg]) for name, g, tg in fields])
-            for fmt, fields in plan.points
-        ]
-        for point in points:
-            self._add_loss(point, None, line_no, t)
+        for (fmt, _), row in zip(plan.points, rows, strict=True):
+            self.rows.append((*row, t, self.index))
+            self.formats[fmt] += 1
         self.fast_lines += 1
         if len(self.value_lines) >= MAX_VALUE_LINES:
             self.value_lines_dropped += 1
-            return
-        values: dict[str, float] = {}
-        for key, g in plan.values:
-            try:
-                values[key] = float(texts[g])
-            except ValueError:
-                values[key] = math.nan
-        last = points[-1]
-        self._keep_values(values, None, line_no, last.rank, last.step is not None, True)
+        elif entry is not None:
+            self.value_lines.append(entry)
 
     def _tail(self, chunk: Chunk) -> None:
         """The last lines of a file are read for values whatever they hold: what each
@@ -368,8 +459,22 @@ class _FileReader:
         printed_step: bool,
         has_loss: bool,
     ) -> None:
+        entry = self._value_entry(values, prefix_rank, line_no, line_rank, printed_step, has_loss)
+        if entry is not None:
+            self.value_lines.append(entry)
+
+    def _value_entry(
+        self,
+        values: dict[str, float],
+        prefix_rank: int | None,
+        line_no: int,
+        line_rank: int | None,
+        printed_step: bool,
+        has_loss: bool,
+    ) -> _ValueLine | None:
+        """The values line kept for a line's values, or None where none is."""
         if not values:
-            return
+            return None
         step: int | None = None
         if not has_loss or not printed_step:
             # the step the line prints under any name; a line with a loss and no step
@@ -377,14 +482,14 @@ class _FileReader:
             raw = next((values[k] for k in STEP_KEYS if k in values), None)
             step = int(raw) if raw is not None and math.isfinite(raw) and 0 <= raw < 2**62 else None
             if has_loss and step is None:
-                return
+                return None
             has_loss = False
         rank = prefix_rank if prefix_rank is not None else line_rank
         said = values.get("rank")
         if rank is None and said is not None and 0 <= said < 1e7 and said == int(said):  # NaN fails 0 <= said
             rank = int(said)
         rank = rank if rank is not None else self.log.rank
-        self.value_lines.append((rank, line_no, step, values, has_loss))
+        return (rank, line_no, step, values, has_loss)
 
     def value_frame(self, losses: pl.DataFrame | None) -> pl.DataFrame | None:
         """The values rows, each at its line's global step (the loss rows' where the
@@ -393,39 +498,34 @@ class _FileReader:
             return None
         at: dict[int, int] = {}
         if losses is not None:
-            for line, step in zip(losses["line"], losses["step"], strict=True):
-                if step is not None:
-                    at[line] = step
-        ranks: list[int | None] = []
-        steps: list[int | None] = []
-        keys: list[str] = []
-        vals: list[float] = []
-        lines: list[int] = []
-        for rank, line, step, values, has_loss in self.value_lines:
-            if has_loss:
-                step = at.get(line)
-            for key, value in values.items():
-                ranks.append(_int64_or_none(rank))
-                steps.append(step)
-                keys.append(key)
-                vals.append(value)
-                lines.append(line)
+            lines_steps = zip(losses["line"].to_list(), losses["step"].to_list(), strict=True)
+            at = {line: step for line, step in lines_steps if step is not None}
         if self.value_lines_dropped:
             self.warnings.append(
                 f"{self.log.source}: values of the first {MAX_VALUE_LINES} lines kept for the cross-rank "
                 f"comparison, {self.value_lines_dropped} more not read"
             )
-        return pl.DataFrame(
+        # One row per line, then repeated once per value it holds: building the
+        # rows key by key in Python cost a tenth of reading a large log.
+        per_line = pl.DataFrame(
             {
-                "rank": ranks,
-                "step": steps,
-                "key": keys,
-                "value": vals,
-                "source": [self.log.source] * len(keys),
-                "line": lines,
+                "rank": [_int64_or_none(rank) for rank, *_ in self.value_lines],
+                "step": [at.get(line) if has_loss else step for _, line, step, _, has_loss in self.value_lines],
+                "line": [line for _, line, *_ in self.value_lines],
             },
-            schema=VALUES_SCHEMA,
+            schema={name: VALUES_SCHEMA[name] for name in ("rank", "step", "line")},
             strict=False,
+        )
+        counts = [len(values) for *_, values, _ in self.value_lines]
+        keys = [key for *_, values, _ in self.value_lines for key in values]
+        vals = [value for *_, values, _ in self.value_lines for value in values.values()]
+        return per_line[np.repeat(np.arange(per_line.height), counts)].select(
+            "rank",
+            "step",
+            pl.Series("key", keys, dtype=pl.String),
+            pl.Series("value", vals, dtype=pl.Float64, strict=False),
+            pl.lit(self.log.source, dtype=pl.String).alias("source"),
+            "line",
         )
 
     def _glued_records(self, records: list[str], line_rank: int | None, line_no: int) -> None:

@@ -43,6 +43,7 @@ Kinds (``Event.kind``):
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 EVENT_KINDS = (
@@ -411,9 +412,28 @@ class Match:
     host: str | None = None
 
 
-def classify(body: str, low: str) -> Match | None:
-    """The first rule that matches, or None. ``low`` is ``body.lower()``."""
-    for rule in RULES:
+# Every rule's anchors: the scan (ingest/scan.py) reports which of them an ASCII
+# candidate line holds, in Rust, so that ``classify`` tries only the few rules that
+# can fire instead of testing ~160 substrings in Python per line.
+ANCHORS: tuple[str, ...] = tuple(sorted({a for rule in RULES for a in rule.anchors}))
+_RULES_BY_ANCHORS: dict[frozenset[str], tuple[Rule, ...]] = {}
+
+
+def _rules_holding(found: frozenset[str]) -> tuple[Rule, ...]:
+    """The rules (in order) that have an anchor among ``found``."""
+    rules = _RULES_BY_ANCHORS.get(found)
+    if rules is None:
+        rules = tuple(rule for rule in RULES if not found.isdisjoint(rule.anchors))
+        if len(_RULES_BY_ANCHORS) < 4096:  # sets come from user text: keep the memo bounded
+            _RULES_BY_ANCHORS[found] = rules
+    return rules
+
+
+def classify(body: str, low: str, found: Iterable[str] | None = None) -> Match | None:
+    """The first rule that matches, or None. ``low`` is ``body.lower()``. ``found``,
+    where given, holds every anchor that ``low`` holds (it may hold more): rules
+    with none of them cannot fire and are not tried."""
+    for rule in RULES if found is None else _rules_holding(frozenset(found)):
         for anchor in rule.anchors:
             if anchor in low:
                 break

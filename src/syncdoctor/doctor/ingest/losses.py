@@ -24,6 +24,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Any
 
 # A number not glued to more word characters ("0.25s", "v1.2.3" are not values);
 # a sentence's full stop after it is fine.
@@ -268,6 +269,38 @@ def point_from_texts(fmt: str, fields: Sequence[tuple[str, str, str | None]]) ->
         else:
             setattr(point, name, value)
     return point
+
+
+def floats(texts: Sequence[str]) -> list[float]:
+    """``_to_float`` of many texts: float() over the list in one go, per text only
+    where one of them is not a number float() knows."""
+    try:
+        return list(map(float, texts))
+    except ValueError:
+        return [_to_float(text) for text in texts]
+
+
+def point_columns(fields: Sequence[tuple[str, Sequence[str], Sequence[str] | None]], n: int) -> dict[str, list[Any]]:
+    """What ``point_from_texts`` gives for each of ``n`` lines of one spec, as columns
+    (LossPoint's field -> one value per line): the fields' texts come as columns too,
+    (field, the values' texts, the "/N" totals' texts or None). The shape fast path
+    reads a chunk's lines of a shape with this, at once."""
+    out: dict[str, list[Any]] = {"loss": [math.nan] * n}
+    for name, texts, totals in fields:
+        values = floats(texts)
+        if name == "loss":
+            out["loss"] = values
+        elif name == "step":
+            out["step"] = [_to_int(v) for v in values]
+            if totals is not None:
+                out["step_total"] = [_to_total(t) for t in totals]
+        elif name == "epoch":
+            out["epoch"] = [v if math.isfinite(v) else None for v in values]
+        elif name == "rank":
+            out["rank"] = [_to_int(v) for v in values]
+        else:
+            out[name] = values
+    return out
 
 
 def parse_loss_line(body: str) -> list[LossPoint]:

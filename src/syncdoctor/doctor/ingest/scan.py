@@ -14,10 +14,11 @@ MAX_LINE_BYTES is cut to that prefix and the rest of it skipped unread.
 
 from __future__ import annotations
 
+import io
 import re
 import zlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -113,6 +114,12 @@ class Chunk:
     # the line may take the shape fast path (ingest/core.py): ASCII, no "\r", at most
     # PARSE_CHARS long; null elsewhere.
     candidates: pl.DataFrame | None = None
+    # per candidate: the literals asked for (iter_chunks' ``anchors``) that the line
+    # holds once lower-cased, every occurrence; None where not searched (a line with
+    # no event keyword, or not ASCII: Python's lower() maps some non-ASCII letters to
+    # ASCII ones)
+    anchors: list[list[str] | None] = field(default_factory=list)
+    prepared: object = None  # what iter_chunks' ``prepare`` made of the candidates
 
     @property
     def n_lines(self) -> int:
@@ -155,11 +162,52 @@ class TolerantStream:
         return b"".join(parts)
 
 
+# How much of a window's end is read to find its last newline (see _exact_block).
+PROBE_BYTES = 1 << 16
+
+
+def _exact_block(stream: BinaryIO, chunk_bytes: int, carry: bytes) -> tuple[bytes, bytes] | None:
+    """The block the generic step of ``_blocks`` would cut from the next window, and
+    the carry it would leave, read from a seekable file without copying the block:
+    the window's last newline is found in its last PROBE_BYTES, then the block is read
+    with one read of exactly its bytes (slicing and joining 16 MiB cost a fifth of
+    the main thread). None, the stream back at the window, where that does not hold
+    (no newline in the probe, the end of the file, a file that changed)."""
+    window = stream.tell()
+    end_of_file = stream.seek(0, io.SEEK_END)
+    window_end = min(window + chunk_bytes, end_of_file)
+    probe_at = max(window, window_end - PROBE_BYTES)
+    stream.seek(probe_at)
+    tail = stream.read(window_end - probe_at) if window_end > window else b""
+    cut = tail.rfind(b"\n")
+    if cut < 0 or len(tail) != window_end - probe_at:
+        stream.seek(window)
+        return None
+    start = window - len(carry)
+    stop = probe_at + cut + 1
+    stream.seek(start)
+    block = stream.read(stop - start)
+    if len(block) != stop - start or not block.startswith(carry):
+        stream.seek(window)
+        return None
+    stream.seek(window_end)
+    return block, tail[cut + 1 :]
+
+
 def _blocks(stream: BinaryIO | TolerantStream, chunk_bytes: int) -> Iterator[tuple[bytes, bool]]:
     """Yield (whole lines, last line was truncated) from a byte stream."""
     carry = b""
     skipping = False  # inside an over-long line whose prefix was already yielded
+    # Plain files (and in-memory buffers) can be read block by block exactly; a
+    # decompressing stream, whose seek would decompress again, cannot.
+    seekable = isinstance(stream, (io.BufferedReader, io.BytesIO)) and stream.seekable()
     while True:
+        if seekable and not skipping:
+            exact = _exact_block(stream, chunk_bytes, carry)  # type: ignore[arg-type]
+            if exact is not None:
+                block, carry = exact
+                yield block, False
+                continue
         data = stream.read(chunk_bytes)
         if not data:
             if carry:
@@ -199,23 +247,28 @@ def _split_lines(block: bytes) -> pl.DataFrame:
         return pl.DataFrame({"l": [r.removesuffix("\r") or None for r in rows]}, schema={"l": pl.String})
 
 
-_Scanned = tuple[pl.DataFrame, pl.DataFrame, list[int]]
+_Scanned = tuple[pl.DataFrame, pl.DataFrame, list[int], object]
 
 
-def _with_shapes(cand: pl.DataFrame) -> pl.DataFrame:
+def _with_shapes(cand: pl.DataFrame, anchors: tuple[str, ...] = ()) -> pl.DataFrame:
     """The candidates' shapes, computed here off the main thread: Rust collapses the
     digit runs of a few percent of the lines faster than Python splits one. Only
-    ASCII lines get one, where "[0-9]" and Python's "\\d" agree."""
+    ASCII lines get one, where "[0-9]" and Python's "\\d" agree. With ``anchors``,
+    also the anchors each ASCII event candidate holds ("a", see Chunk.anchors)."""
     line = pl.col("l")
-    fast = (
-        (line.str.len_bytes() == line.str.len_chars())
-        & (line.str.len_bytes() <= PARSE_CHARS)
-        & ~line.str.contains("\r", literal=True)
-    )
-    return cand.with_columns(pl.when(fast).then(line.str.replace_all("[0-9]+", "0")).alias("s"))
+    ascii_ = line.str.len_bytes() == line.str.len_chars()
+    fast = ascii_ & (line.str.len_bytes() <= PARSE_CHARS) & ~line.str.contains("\r", literal=True)
+    columns = [pl.when(fast).then(line.str.replace_all("[0-9]+", "0")).alias("s")]
+    if anchors:
+        # lower-cased first: extract_many gives the matched text, not the pattern
+        found = line.str.to_lowercase().str.extract_many(list(anchors), overlapping=True)
+        columns.append(pl.when(ascii_ & pl.col("ev")).then(found).alias("a"))
+    return cand.with_columns(columns)
 
 
-def _scan_block(block: bytes, head_rows: int = 0) -> _Scanned:
+def _scan_block(
+    block: bytes, head_rows: int = 0, anchors: tuple[str, ...] = ()
+) -> tuple[pl.DataFrame, pl.DataFrame, list[int]]:
     """Split one block into lines and keep the candidates (runs off the main thread:
     polars releases the GIL, so Python parses the previous chunk meanwhile); the
     first ``head_rows`` lines are candidates whatever they hold."""
@@ -235,7 +288,7 @@ def _scan_block(block: bytes, head_rows: int = 0) -> _Scanned:
             .with_columns(pl.col("l").str.contains(EVENT_PATTERN).alias("ev"))
             .collect()
         )
-        return frame, _with_shapes(cand), long_rows
+        return frame, _with_shapes(cand, anchors), long_rows
     passed = (
         frame.lazy()
         .with_row_index("i")
@@ -256,19 +309,33 @@ def _scan_block(block: bytes, head_rows: int = 0) -> _Scanned:
             | (pl.col("i") < head_rows)
         ).alias("ev")
     )
-    return frame, _with_shapes(cand), long_rows
+    return frame, _with_shapes(cand, anchors), long_rows
 
 
-def iter_chunks(stream: BinaryIO | TolerantStream, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Chunk]:
+def _scan_and_prepare(
+    block: bytes, head_rows: int, anchors: tuple[str, ...], prepare: Callable[[pl.DataFrame], object] | None
+) -> _Scanned:
+    frame, cand, long_rows = _scan_block(block, head_rows, anchors)
+    return frame, cand, long_rows, None if prepare is None else prepare(cand)
+
+
+def iter_chunks(
+    stream: BinaryIO | TolerantStream,
+    chunk_bytes: int = CHUNK_BYTES,
+    anchors: tuple[str, ...] = (),
+    prepare: Callable[[pl.DataFrame], object] | None = None,
+) -> Iterator[Chunk]:
     """Chunks of whole lines with their candidate lines, in file order. One block
-    is always being scanned ahead of the chunk the caller is parsing."""
+    is always being scanned ahead of the chunk the caller is parsing. ``anchors``:
+    lower-case ASCII literals to report per event candidate (Chunk.anchors);
+    ``prepare``: run on the candidates on the scanning thread (Chunk.prepared)."""
     first_line = 1
     ahead: deque[tuple[Future[_Scanned], bool]] = deque()
 
     def finish(item: tuple[Future[_Scanned], bool]) -> Chunk:
         nonlocal first_line
         future, truncated = item
-        frame, cand, long_rows = future.result()
+        frame, cand, long_rows, prepared = future.result()
         if truncated:  # the block's last line is the prefix of an over-long line
             long_rows = sorted({*long_rows, frame.height - 1})
         chunk = Chunk(
@@ -279,13 +346,17 @@ def iter_chunks(stream: BinaryIO | TolerantStream, chunk_bytes: int = CHUNK_BYTE
             eventish=cand["ev"].to_list(),
             long_lines=[first_line + i for i in long_rows],
             candidates=cand,
+            prepared=prepared,
+            anchors=cand["a"].to_list() if "a" in cand.columns else [None] * cand.height,
         )
         first_line += frame.height
         return chunk
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         for n, (block, truncated) in enumerate(_blocks(stream, chunk_bytes)):
-            ahead.append((pool.submit(_scan_block, block, HEAD_ROWS if n == 0 else 0), truncated))
+            ahead.append(
+                (pool.submit(_scan_and_prepare, block, HEAD_ROWS if n == 0 else 0, anchors, prepare), truncated)
+            )
             if len(ahead) > 1:
                 yield finish(ahead.popleft())
         while ahead:

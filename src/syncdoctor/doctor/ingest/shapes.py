@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import polars as pl
+
 from syncdoctor.doctor.ingest.fields import prefix_free
 from syncdoctor.doctor.ingest.losses import LineSpec
 
@@ -99,3 +101,32 @@ def build_plan(
         values=tuple(keys.items()),
         timed=timed,
     )
+
+
+# Per shape: the lines' rows in the chunk ("i") and the texts of each group of its regex.
+Numbers = dict[str, tuple[list[int], list[list[str]]]]
+
+
+def fast_pool(cand: pl.DataFrame) -> pl.DataFrame:
+    """The candidates that may take the fast path: a shape, no event keyword."""
+    return cand.filter(pl.col("s").is_not_null() & ~pl.col("ev"))
+
+
+def shape_counts(pool: pl.DataFrame) -> list[tuple[str, int]]:
+    counts = pool["s"].value_counts()
+    return list(zip(counts["s"].to_list(), counts["count"].to_list(), strict=True))
+
+
+def cut_numbers(pool: pl.DataFrame, plans: dict[str, ShapePlan]) -> Numbers:
+    """The numbers' texts of the pool's lines whose shape has a plan, one regex per shape."""
+    out: Numbers = {}
+    chosen = pool.filter(pl.col("s").is_in(list(plans)))
+    for (shape,), group in chosen.partition_by("s", as_dict=True, maintain_order=True).items():
+        numbers = (
+            group.select("i", pl.col("l").str.extract_groups(plans[str(shape)].pattern).alias("n"))
+            .unnest("n")
+            .drop_nulls()  # cannot happen for a line of the shape; the full path if it does
+        )
+        if not numbers.is_empty():
+            out[str(shape)] = (numbers["i"].to_list(), [numbers[c].to_list() for c in numbers.columns[1:]])
+    return out
