@@ -90,8 +90,8 @@ def source_key(rec_dir: Path) -> dict[str, Any] | None:
     return {"format": _FORMAT, "reader": _reader_code(), "files": sorted(files)}
 
 
-def load(run_dir: Path, key: dict[str, Any]) -> tuple[dict[str, Any], pl.DataFrame] | None:
-    """The reader's kept result (its non-step part, the step frame), or None."""
+def load(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The reader's kept result, as the fields of its RunRecords (but run_dir), or None."""
     path = cache_path(run_dir)
     try:
         raw = pl.read_parquet_metadata(path).get(_META_KEY)
@@ -101,29 +101,47 @@ def load(run_dir: Path, key: dict[str, Any]) -> tuple[dict[str, Any], pl.DataFra
         if not isinstance(meta, dict) or meta.get("key") != key:
             return None
         steps = pl.read_parquet(path)
-    except Exception:  # missing, truncated, corrupt, unreadable: read the JSON lines
+        if steps.height != meta["rows"] or str(steps.schema) != meta["schema"]:
+            return None
+        if steps.height:
+            # as the reader leaves it (sorted by rank, then step); Parquet does not keep the flag
+            steps = steps.with_columns(pl.col("rank").set_sorted())
+        return {
+            "snapshots": {int(rank): rec for rank, rec in meta["snapshots"]},
+            "steps": steps,
+            "checks": meta["checks"],
+            "events": meta["events"],
+            "ends": {int(rank): rec for rank, rec in meta["ends"]},
+            "warnings": meta["warnings"],
+            "ranks": meta["ranks"],
+        }
+    except Exception:  # missing, truncated, corrupt, unreadable, not ours: read the JSON lines
         return None
-    if steps.height != meta.get("rows") or str(steps.schema) != meta.get("schema"):
-        return None
-    if steps.height:
-        # as the reader leaves it (sorted by rank, then step); Parquet does not keep the flag
-        steps = steps.with_columns(pl.col("rank").set_sorted())
-    return meta, steps
 
 
-def save(run_dir: Path, key: dict[str, Any], meta: dict[str, Any], steps: pl.DataFrame) -> None:
-    """Keep the reader's result; any failure (a read-only folder, a full disk) only
-    means there is no cache."""
+def save(run_dir: Path, key: dict[str, Any], records: Any) -> None:
+    """Keep the reader's result (a RunRecords); any failure (a read-only folder, a full
+    disk) only means there is no cache."""
     if any(mtime >= time.time_ns() - RACY_NS for _, _, mtime, _ in key["files"]):
         return
     folder = run_dir / CACHE_SUBDIR
     tmp = folder / f".{CACHE_FILE}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
     try:
-        text = json.dumps(
-            {**meta, "key": key, "rows": steps.height, "schema": str(steps.schema)}, separators=(",", ":")
-        )
+        meta = {
+            "key": key,
+            "rows": records.steps.height,
+            "schema": str(records.steps.schema),
+            # rank keys become pairs: JSON's keys are strings
+            "snapshots": list(records.snapshots.items()),
+            "checks": records.checks,
+            "events": records.events,
+            "ends": list(records.ends.items()),
+            "warnings": records.warnings,
+            "ranks": records.ranks,
+        }
+        text = json.dumps(meta, separators=(",", ":"))
         folder.mkdir(parents=True, exist_ok=True)
-        steps.write_parquet(tmp, metadata={_META_KEY: text})
+        records.steps.write_parquet(tmp, metadata={_META_KEY: text})
         os.replace(tmp, folder / CACHE_FILE)
     except Exception:
         try:

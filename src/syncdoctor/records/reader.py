@@ -77,7 +77,7 @@ def read_run(run_dir: str | Path, *, use_cache: bool | None = None) -> RunRecord
     # the cache look stale next time, never a stale cache look fresh.
     key = cache.source_key(rec_dir) if (cache.enabled() if use_cache is None else use_cache) else None
     if key is not None and (kept := cache.load(run_dir, key)) is not None:
-        return _from_cache(run_dir, *kept)
+        return RunRecords(run_dir=run_dir, **kept)
     out = RunRecords(run_dir=run_dir)
     files = _plausible_files(files, out)
     step_chunks: list[bytes] = []
@@ -99,33 +99,8 @@ def read_run(run_dir: str | Path, *, use_cache: bool | None = None) -> RunRecord
             shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
             out.warnings.append(f"no record file for ranks [{shown}] of world size {world}")
     if key is not None and all_read and cache.source_key(rec_dir) == key:
-        cache.save(run_dir, key, _cache_meta(out), out.steps)
+        cache.save(run_dir, key, out)
     return out
-
-
-def _cache_meta(out: RunRecords) -> dict[str, Any]:
-    """Everything but the step frame, as JSON holds it (rank keys become pairs)."""
-    return {
-        "snapshots": list(out.snapshots.items()),
-        "checks": out.checks,
-        "events": out.events,
-        "ends": list(out.ends.items()),
-        "warnings": out.warnings,
-        "ranks": out.ranks,
-    }
-
-
-def _from_cache(run_dir: Path, meta: dict[str, Any], steps: pl.DataFrame) -> RunRecords:
-    return RunRecords(
-        run_dir=run_dir,
-        snapshots={int(rank): rec for rank, rec in meta["snapshots"]},
-        steps=steps,
-        checks=meta["checks"],
-        events=meta["events"],
-        ends={int(rank): rec for rank, rec in meta["ends"]},
-        warnings=meta["warnings"],
-        ranks=meta["ranks"],
-    )
 
 
 def _plausible_files(files: list[tuple[int, Path]], out: RunRecords) -> list[tuple[int, Path]]:
