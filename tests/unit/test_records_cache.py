@@ -206,3 +206,10 @@ def test_files_just_written_or_with_a_tail_are_not_cached(tmp_path: Path) -> Non
     (run / "records" / "rank0.123.0.tail").write_bytes(b"")  # a rank running, or killed
     read_run(run)
     assert not cache.cache_path(run).exists()
+
+
+def test_a_run_without_step_records_reads_alike_from_the_cache(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", steps=0)
+    none, cold, warm = read_run(run, use_cache=False), read_run(run), read_run(run)
+    assert cache.cache_path(run).is_file()
+    assert none.steps.height == 0 and same(none, cold) and same(none, warm)
