@@ -15,8 +15,10 @@ the name, size, mtime and inode of every rank file, and a digest of the reader's
 source (a reader that parses differently must not trust what an older one kept). Any
 doubt (another key, an unreadable or truncated file, another schema) means the JSON
 lines are read again and the cache rewritten; a folder that cannot be written to is
-simply not cached, and so are files written in the last seconds. A run with tail files (a rank running, or killed: records/tail.py)
-is not cached either: a memory-mapped tail changes without its size changing.
+simply not cached, and so are files written in the last seconds. A run with tail files
+(a rank running, or killed: records/tail.py) is not cached either: a memory-mapped
+tail changes without its size changing. A folder copied elsewhere has new inodes: the
+cache it brought is rebuilt, not trusted.
 """
 
 from __future__ import annotations
@@ -39,11 +41,11 @@ CACHE_ENV = "SYNCDOCTOR_RECORDS_CACHE"
 _META_KEY = "syncdoctor.records"
 _FORMAT = 1  # of what this module writes; bump on any change to it
 RANK_FILE = re.compile(r"rank(\d+)\.jsonl$")  # the reader's: every file it would read
-# The modules whose code decides what the reader returns.
 # A file changed twice within one tick of the file system's clock (a few ms on Linux,
 # 2 s on FAT) can keep its size and mtime: files written this recently are not cached
 # yet (git's "racily clean" files), the next read will.
 RACY_NS = 2_000_000_000
+# The modules whose code decides what the reader returns.
 _READER_SOURCES = ("reader.py", "schema.py", "contract.py", "tail.py", "constants.py", "cache.py")
 
 
