@@ -108,8 +108,17 @@ def generate(run_dir: Path, ranks: int, steps: int, bad_rank: int, onset: int) -
     return total
 
 
-def measure(run_dir: Path) -> tuple[float, float, str]:
-    """Diagnose in a fresh process: wall seconds, peak RSS in GiB, top finding."""
+def finish(run_dir: Path) -> None:
+    """Date the records an hour back, as a finished run's are: the reader does not cache
+    files written in the last seconds (records/cache.py)."""
+    past = time.time() - 3600
+    for path in (run_dir / "records").iterdir():
+        os.utime(path, (past, past))
+
+
+def measure(run_dir: Path, cache: bool = True) -> tuple[float, float, str]:
+    """Diagnose in a fresh process: wall seconds, peak RSS in GiB, top finding.
+    ``cache``: whether the reader may read and write its columnar cache."""
     code = (
         "import json,resource,sys,time; t=time.perf_counter();"
         "from syncdoctor.doctor.diagnose import diagnose; d=diagnose([sys.argv[1]]);"
@@ -118,7 +127,10 @@ def measure(run_dir: Path) -> tuple[float, float, str]:
         "'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/2**20,"
         "'top': d.findings[0].code if d.findings else None}))"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True, text=True, check=True)
+    env = {**os.environ, "SYNCDOCTOR_RECORDS_CACHE": "1" if cache else "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(run_dir)], capture_output=True, text=True, check=True, env=env
+    )
     data = json.loads(out.stdout.strip().splitlines()[-1])
     return data["s"], data["rss"], data["top"]
 
@@ -136,13 +148,25 @@ def main() -> None:
             t0 = time.perf_counter()
             size = generate(Path(tmp), args.ranks, steps, bad_rank=args.ranks - 1, onset=steps // 2)
             gen_s = time.perf_counter() - t0
-            seconds, rss, top = measure(Path(tmp))
+            finish(Path(tmp))
+            runs = {
+                "no cache": measure(Path(tmp), cache=False),
+                "cold cache": measure(Path(tmp)),  # reads the JSON lines, writes the cache
+                "warm cache": measure(Path(tmp)),
+            }
+            cache_file = Path(tmp) / ".syncdoctor" / "cache" / "records.parquet"
+            cached = cache_file.stat().st_size if cache_file.exists() else 0
         rank_steps = args.ranks * steps
         print(
             f"  {args.ranks} × {steps:>6} = {rank_steps:>9,} rank-steps, {size / 2**20:7.0f} MiB records "
-            f"(generated in {gen_s:.0f}s): diagnosed in {seconds:6.2f}s, peak RSS {rss:.2f} GiB, "
-            f"{seconds / rank_steps * 1e6:.2f} µs/rank-step, top finding {top}"
+            f"({size / rank_steps:.0f} B/rank-step; generated in {gen_s:.0f}s), "
+            f"columnar cache {cached / 2**20:.0f} MiB ({cached / rank_steps:.1f} B/rank-step)"
         )
+        for name, (seconds, rss, top) in runs.items():
+            print(
+                f"    {name:>10}: diagnosed in {seconds:6.2f}s, peak RSS {rss:.2f} GiB, "
+                f"{seconds / rank_steps * 1e6:.2f} µs/rank-step, top finding {top}"
+            )
 
 
 if __name__ == "__main__":

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import io
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from syncdoctor.records import contract
+from syncdoctor.records import cache, contract
 from syncdoctor.records.schema import RECORDS_SUBDIR, SCHEMA_VERSION, STEP_SCHEMA, RecordError
 from syncdoctor.records.tail import KEY_END, read_tail
 
-_RANK_FILE = re.compile(r"rank(\d+)\.jsonl$")
+_RANK_FILE = cache.RANK_FILE
 _STEP_PREFIX = b'{"v":1,"kind":"step"'
 # The largest world size believed: a corrupt or hostile record claiming 2**62 ranks
 # must not make the reader (or a report) walk every rank number up to it.
@@ -60,7 +59,11 @@ def is_run_dir(path: Path) -> bool:
     return (path / RECORDS_SUBDIR).is_dir() and any((path / RECORDS_SUBDIR).glob("rank*.jsonl"))
 
 
-def read_run(run_dir: str | Path) -> RunRecords:
+def read_run(run_dir: str | Path, *, use_cache: bool | None = None) -> RunRecords:
+    """A run folder's records. The first read of a finished run keeps them in a
+    columnar cache beside it (records/cache.py), which the next read takes instead of
+    the JSON lines while they are unchanged. ``use_cache``: None follows the
+    SYNCDOCTOR_RECORDS_CACHE variable (on unless "0")."""
     run_dir = Path(run_dir)
     rec_dir = run_dir / RECORDS_SUBDIR
     if not rec_dir.is_dir():
@@ -70,12 +73,24 @@ def read_run(run_dir: str | Path) -> RunRecords:
     )
     if not files:
         raise RecordError(f"{rec_dir}: no rank*.jsonl record files")
+    # The key is taken before the files are read: a file that grows meanwhile makes
+    # the cache look stale next time, never a stale cache look fresh.
+    key = cache.source_key(rec_dir) if (cache.enabled() if use_cache is None else use_cache) else None
+    if key is not None and (kept := cache.load(run_dir, key)) is not None:
+        return RunRecords(run_dir=run_dir, **kept)
     out = RunRecords(run_dir=run_dir)
     files = _plausible_files(files, out)
     step_chunks: list[bytes] = []
+    all_read = True
     for rank, path in files:
         out.ranks.append(rank)
-        step_chunks.append(_read_rank_file(rank, path, out))
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            out.warnings.append(f"{path}: unreadable ({exc.strerror})")
+            all_read = False  # may be readable next time, with the same size and mtime
+            continue
+        step_chunks.append(_read_rank_file(rank, path, data, out))
     out.steps = _parse_steps(b"".join(step_chunks), out)
     world = out.world_size
     if world:
@@ -83,6 +98,8 @@ def read_run(run_dir: str | Path) -> RunRecords:
         if missing:
             shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
             out.warnings.append(f"no record file for ranks [{shown}] of world size {world}")
+    if key is not None and all_read and cache.source_key(rec_dir) == key:
+        cache.save(run_dir, key, out)
     return out
 
 
@@ -100,13 +117,8 @@ def _plausible_files(files: list[tuple[int, Path]], out: RunRecords) -> list[tup
     return sorted(kept.items())
 
 
-def _read_rank_file(rank: int, path: Path, out: RunRecords) -> bytes:
+def _read_rank_file(rank: int, path: Path, data: bytes, out: RunRecords) -> bytes:
     """Split one rank's file: step lines are returned as bytes, the rest parsed here."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        out.warnings.append(f"{path}: unreadable ({exc.strerror})")
-        return b""
     if data and not data.endswith(b"\n"):
         cut = data.rfind(b"\n") + 1
         out.warnings.append(

@@ -1,0 +1,215 @@
+"""The reader's columnar cache (records/cache.py): taken instead of the JSON lines while
+they are unchanged, rebuilt when they change or the cache is damaged, skipped where it
+cannot be written; what a run reads as is the same with it, without it, cold or warm."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from syncdoctor.doctor.diagnose import diagnose
+from syncdoctor.doctor.report import render_json
+from syncdoctor.records import cache
+from syncdoctor.records.reader import RunRecords, read_run
+
+HOUR_AGO_NS = time.time_ns() - 3600 * 10**9
+
+
+def _line(rec: dict[str, Any]) -> str:
+    return json.dumps(rec, separators=(",", ":")) + "\n"
+
+
+def _step(rank: int, step: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "kind": "step",
+        "rank": rank,
+        "step": step,
+        "micro": 1,
+        "backward": step,
+        "opt_steps": step,
+        "t": 1000.0 + step,
+        "loss": 2.0 / step + rank * 1e-3,
+        "lr": 0.1,
+        "param_fp": 5 + step,
+        "train_mode": "3/3",
+        **extra,
+    }
+
+
+def write_run(root: Path, ranks: int = 2, steps: int = 20, torn: bool = False) -> Path:
+    """A finished run: snapshots, steps (one with a NaN loss, rank 1 with a list
+    column), a check, an event and an end per rank, dated an hour back. ``torn``:
+    rank 0's file ends in half a step record, as a kill mid-write leaves it."""
+    records = root / "records"
+    records.mkdir(parents=True)
+    for rank in range(ranks):
+        text = _line(
+            {
+                "v": 1,
+                "kind": "snapshot",
+                "rank": rank,
+                "world_size": ranks,
+                "framework": "torch",
+                "host": "node0",
+                "env": {"RANK": str(rank)},
+                "optimizer": {"type": "SGD", "param_groups": [{"lr": 0.1}]},
+            }
+        )
+        for step in range(1, steps + 1):
+            extra: dict[str, Any] = {"tensor_fps": [step, rank]} if rank == 1 else {}
+            if step == 7:
+                extra.update(loss=None, nonfinite={"loss": "nan"})
+            text += _line(_step(rank, step, **extra))
+        text += _line({"v": 1, "kind": "check", "rank": rank, "step": steps, "status": "ok", "what": []})
+        text += _line({"v": 1, "kind": "event", "rank": rank, "step": 3, "event": "note", "message": "é \u2603"})
+        text += _line({"v": 1, "kind": "end", "rank": rank, "step": steps, "t": 2000.0, "status": "ok"})
+        if torn and rank == 0:
+            text += _line(_step(rank, steps + 1))[:40]
+        path = records / f"rank{rank}.jsonl"
+        path.write_text(text)
+        os.utime(path, ns=(HOUR_AGO_NS, HOUR_AGO_NS))
+    return root
+
+
+def same(a: RunRecords, b: RunRecords) -> bool:
+    return (
+        a.steps.equals(b.steps)
+        and a.steps.schema == b.steps.schema
+        and json.dumps([a.snapshots, a.checks, a.events, a.ends, a.warnings, a.ranks])
+        == json.dumps([b.snapshots, b.checks, b.events, b.ends, b.warnings, b.ranks])
+    )
+
+
+def rewrite_keeping_stat(path: Path, old: bytes, new: bytes) -> None:
+    """Change the file's bytes in place with its size, mtime and inode unchanged: only a
+    reader that parses the JSON lines again can see it."""
+    assert len(old) == len(new)
+    st = path.stat()
+    data = path.read_bytes()
+    assert data.count(old) == 1
+    with path.open("r+b") as fh:
+        fh.seek(data.index(old))
+        fh.write(new)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns, path.stat().st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def test_a_warm_read_takes_the_cache_not_the_json_lines(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run")
+    cold = read_run(run)
+    assert cache.cache_path(run).is_file()
+    # The JSON lines now say another thing, invisibly to size and mtime: the cache
+    # still answers (the JSON lines were not parsed), the reader without it does not.
+    rewrite_keeping_stat(run / "records" / "rank0.jsonl", b'"step":3,"micro"', b'"step":4,"micro"')
+    warm = read_run(run)
+    assert same(warm, cold)
+    assert warm.steps.filter(pl.col("rank") == 0)["step"].to_list() == list(range(1, 21))
+    uncached = read_run(run, use_cache=False)
+    assert uncached.steps.filter(pl.col("rank") == 0)["step"].to_list().count(4) == 2
+
+
+def test_cold_warm_and_no_cache_read_alike(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run")
+    none = read_run(run, use_cache=False)
+    assert not cache.cache_path(run).exists()  # off means not written either
+    cold, warm = read_run(run), read_run(run)
+    assert same(none, cold) and same(none, warm)
+    assert warm.run_dir == run
+    assert {"tensor_fps", "nonfinite"} <= set(warm.steps.columns)
+    assert warm.steps.filter((pl.col("rank") == 1) & (pl.col("step") == 7))["loss"].is_nan().all()
+    assert warm.steps["rank"].flags["SORTED_ASC"] == none.steps["rank"].flags["SORTED_ASC"]
+
+
+def test_the_diagnosis_is_the_same_byte_for_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = write_run(tmp_path / "run")
+    monkeypatch.setenv(cache.CACHE_ENV, "0")
+    none = render_json(diagnose([run]))
+    monkeypatch.setenv(cache.CACHE_ENV, "1")
+    cold = render_json(diagnose([run]))
+    assert cache.cache_path(run).is_file()
+    warm = render_json(diagnose([run]))
+    assert none == cold == warm
+
+
+def test_a_record_file_that_grew_rebuilds_the_cache(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run")
+    read_run(run)
+    path = run / "records" / "rank1.jsonl"
+    with path.open("a") as fh:
+        fh.write(_line(_step(1, 21)))
+    os.utime(path, ns=(HOUR_AGO_NS, HOUR_AGO_NS))  # same mtime: the size tells
+    grown = read_run(run)
+    assert grown.steps.filter(pl.col("rank") == 1)["step"].max() == 21
+    assert same(grown, read_run(run, use_cache=False))
+    # ... and the rebuilt cache is the one the next read takes
+    rewrite_keeping_stat(path, b'"step":21,"micro"', b'"step":22,"micro"')
+    assert read_run(run).steps.filter(pl.col("rank") == 1)["step"].max() == 21
+
+
+def test_a_killed_run_reads_with_only_the_torn_record_lost(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", torn=True)
+    none, cold, warm = read_run(run, use_cache=False), read_run(run), read_run(run)
+    assert cache.cache_path(run).is_file()
+    for got in (none, cold, warm):
+        assert got.steps.filter(pl.col("rank") == 0)["step"].to_list() == list(range(1, 21))
+        assert got.ends[0]["status"] == "ok" and len(got.checks) == 2
+        assert any("last record truncated" in w for w in got.warnings)
+    assert same(none, warm)
+    assert render_json(diagnose([run])) == render_json(diagnose([run]))
+
+
+def test_a_truncated_or_foreign_cache_is_ignored_and_rebuilt(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run")
+    good = read_run(run)
+    path = cache.cache_path(run)
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])  # a writer killed half way (were it not atomic)
+    assert same(read_run(run), good)
+    assert path.read_bytes() != whole[: len(whole) // 2]  # rewritten
+    pl.DataFrame({"rank": [0]}).write_parquet(path)  # a Parquet file, but not ours
+    assert same(read_run(run), good)
+
+
+def test_a_folder_that_cannot_be_written_is_read_without_a_cache(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run")
+    (run / ".syncdoctor").write_text("")  # a file where the cache's folder would go: mkdir fails
+    first, second = read_run(run), read_run(run)
+    assert same(first, read_run(run, use_cache=False)) and same(first, second)
+    assert not list(run.rglob("*.parquet*"))  # no cache, no temporary left behind
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_run_folder_is_read_without_a_cache(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run")
+    run.chmod(0o555)
+    try:
+        assert same(read_run(run), read_run(run, use_cache=False))
+        assert not cache.cache_path(run).exists()
+    finally:
+        run.chmod(0o755)
+
+
+def test_files_just_written_or_with_a_tail_are_not_cached(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run")
+    path = run / "records" / "rank0.jsonl"
+    os.utime(path)  # now: a second write within the clock's tick could keep size and mtime
+    read_run(run)
+    assert not cache.cache_path(run).exists()
+    os.utime(path, ns=(HOUR_AGO_NS, HOUR_AGO_NS))
+    (run / "records" / "rank0.123.0.tail").write_bytes(b"")  # a rank running, or killed
+    read_run(run)
+    assert not cache.cache_path(run).exists()
+
+
+def test_a_run_without_step_records_reads_alike_from_the_cache(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", steps=0)
+    none, cold, warm = read_run(run, use_cache=False), read_run(run), read_run(run)
+    assert cache.cache_path(run).is_file()
+    assert none.steps.height == 0 and same(none, cold) and same(none, warm)
