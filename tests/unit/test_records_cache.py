@@ -21,6 +21,12 @@ from syncdoctor.records.reader import RunRecords, read_run
 HOUR_AGO_NS = time.time_ns() - 3600 * 10**9
 
 
+@pytest.fixture(autouse=True)
+def _cache_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache is opt-in for now (records/cache.py): these tests turn it on."""
+    monkeypatch.setenv(cache.CACHE_ENV, "1")
+
+
 def _line(rec: dict[str, Any]) -> str:
     return json.dumps(rec, separators=(",", ":")) + "\n"
 
@@ -213,3 +219,14 @@ def test_a_run_without_step_records_reads_alike_from_the_cache(tmp_path: Path) -
     none, cold, warm = read_run(run, use_cache=False), read_run(run), read_run(run)
     assert cache.cache_path(run).is_file()
     assert none.steps.height == 0 and same(none, cold) and same(none, warm)
+
+
+def test_the_cache_is_off_unless_asked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opt-in for now: with the variable unset, a read writes nothing beside the run."""
+    run = write_run(tmp_path / "run")
+    monkeypatch.delenv(cache.CACHE_ENV)
+    read_run(run)
+    assert not cache.cache_path(run).exists()
+    monkeypatch.setenv(cache.CACHE_ENV, "1")
+    read_run(run)
+    assert cache.cache_path(run).is_file()

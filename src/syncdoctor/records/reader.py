@@ -63,7 +63,7 @@ def read_run(run_dir: str | Path, *, use_cache: bool | None = None) -> RunRecord
     """A run folder's records. The first read of a finished run keeps them in a
     columnar cache beside it (records/cache.py), which the next read takes instead of
     the JSON lines while they are unchanged. ``use_cache``: None follows the
-    SYNCDOCTOR_RECORDS_CACHE variable (on unless "0")."""
+    SYNCDOCTOR_RECORDS_CACHE variable (on when "1"; off by default for now)."""
     run_dir = Path(run_dir)
     rec_dir = run_dir / RECORDS_SUBDIR
     if not rec_dir.is_dir():
