@@ -448,17 +448,7 @@ class _FileReader:
         if len(self.value_lines) >= MAX_VALUE_LINES:
             self.value_lines_dropped += 1
             return
-        self._keep_values(line_values(body, shape, pos), prefix_rank, line_no, line_rank, printed_step, has_loss)
-
-    def _keep_values(
-        self,
-        values: dict[str, float],
-        prefix_rank: int | None,
-        line_no: int,
-        line_rank: int | None,
-        printed_step: bool,
-        has_loss: bool,
-    ) -> None:
+        values = line_values(body, shape, pos)
         entry = self._value_entry(values, prefix_rank, line_no, line_rank, printed_step, has_loss)
         if entry is not None:
             self.value_lines.append(entry)
