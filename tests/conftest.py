@@ -6,13 +6,15 @@ runs once per test session, and once for all the workers of a parallel run
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
 import pickle
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -94,13 +96,8 @@ def _lab_key(fault: str, variant: str = "", world_size: int = 2, seed: int = 0, 
     return (fault, variant, world_size, seed, tuple(sorted(kwargs.items())))
 
 
-@pytest.fixture(scope="session")
-def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """`lab(fault, ...)` runs that lab configuration once and gives its LabResult.
-
-    The runs a test module declares in `LAB_RUNS` (a list of `lab()` keyword arguments)
-    start ahead, two at a time, in test order, for every module the session collected
-    (tests/ahead.py); a run nobody declared runs when a test asks for it. Under
+def _lab_runner(tmp_path_factory: pytest.TempPathFactory) -> Callable[[tuple], LabResult]:
+    """Runs one lab configuration (a `_lab_key`) and gives its LabResult. Under
     pytest-xdist the workers share one folder (the parent of their temporary folders):
     the first worker to ask for a configuration runs it under a file lock, and every
     other worker waits for the lock and reads the result it left, so one run folder is
@@ -108,7 +105,6 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     base = tmp_path_factory.getbasetemp()
     root = base.parent / "lab-shared" if os.environ.get("PYTEST_XDIST_WORKER") else base / "lab"
     root.mkdir(parents=True, exist_ok=True)
-    ahead: Ahead[LabResult] = Ahead("lab")
 
     def obtain(key: tuple) -> LabResult:
         fault, variant, world_size, seed, extra = key
@@ -125,17 +121,63 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
             saved.write_bytes(pickle.dumps(result))
             return result
 
+    return obtain
+
+
+@pytest.fixture(scope="session", autouse=True)
+def launches(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ahead]:
+    """One queue for every real launch the session's modules declare, started ahead two
+    at a time in test order (tests/ahead.py), so that the start-up of one (rendezvous,
+    imports in one rank while the other waits) overlaps the training of the next across
+    module boundaries too. A module declares lab runs in `LAB_RUNS` (a list of `lab()`
+    keyword arguments, read by the `lab` fixture) and launches of its own in `LAUNCHES`
+    (keys handed to its `launch(key, folder)`, read by the `launched` fixture).
+
+    Under pytest-xdist each worker collects every module but runs only some, so only the
+    lab runs (shared between workers by a file lock) are started ahead there."""
+    ahead: Ahead[object] = Ahead("launch")
+    obtain_lab = _lab_runner(tmp_path_factory)
+    request.session.stash[_LAB_RUNNER] = obtain_lab
+    under_xdist = bool(os.environ.get("PYTEST_XDIST_WORKER"))
     modules = dict.fromkeys(item.module for item in request.session.items if isinstance(item, pytest.Function))
     for module in modules:
         for declared in getattr(module, "LAB_RUNS", ()):
             key = _lab_key(**declared)
-            ahead.submit(key, lambda key=key: obtain(key))
+            ahead.submit(("lab", key), functools.partial(obtain_lab, key))
+        for key in () if under_xdist else getattr(module, "LAUNCHES", ()):
+            ahead.submit((module.__name__, key), _module_launch(module, key, tmp_path_factory))
+    try:
+        yield ahead
+    finally:
+        ahead.close()
+
+
+_LAB_RUNNER = pytest.StashKey[Callable[[tuple], LabResult]]()
+
+
+def _module_launch(module: ModuleType, key: Hashable, tmp_path_factory: pytest.TempPathFactory) -> Callable[[], object]:
+    return lambda: module.launch(key, tmp_path_factory.mktemp(module.__name__.rsplit(".", 1)[-1]))
+
+
+@pytest.fixture(scope="session")
+def lab(request: pytest.FixtureRequest, launches: Ahead) -> Callable[..., LabResult]:
+    """`lab(fault, ...)` runs that lab configuration once and gives its LabResult; the
+    runs declared in a module's `LAB_RUNS` were started ahead (`launches`), a run nobody
+    declared runs when a test asks for it."""
+    obtain = request.session.stash[_LAB_RUNNER]
 
     def run(fault: str, variant: str = "", world_size: int = 2, seed: int = 0, **kwargs) -> LabResult:
         key = _lab_key(fault, variant, world_size, seed, **kwargs)
-        return ahead.get(key, lambda: obtain(key))
+        result: LabResult = launches.get(("lab", key), functools.partial(obtain, key))
+        return result
 
-    try:
-        yield run
-    finally:
-        ahead.close()
+    return run
+
+
+@pytest.fixture
+def launched(request: pytest.FixtureRequest, launches: Ahead) -> Callable[[Hashable], object]:
+    """`launched(key)`: the result of the test module's `launch(key, folder)`, run once
+    per session (started ahead when the key is in the module's `LAUNCHES`)."""
+    module = request.module
+    factory = request.getfixturevalue("tmp_path_factory")
+    return lambda key: launches.get((module.__name__, key), _module_launch(module, key, factory))

@@ -10,14 +10,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from syncdoctor.doctor.diagnose import diagnose
 from syncdoctor.experiment.launch import in_run
-from tests.ahead import Ahead
 
 pytestmark = pytest.mark.slow
 
@@ -60,26 +59,20 @@ MAPPING = [
     ("optimizer-state-mismatch", "hparams", ""),
     ("mode-mismatch", "modes", "data"),
 ]
-# (fault, variants) of every experiment the tests below read: started ahead, two at a time,
-# when the first of them asks (tests/ahead.py).
-EXPERIMENTS = [("clean", "single"), ("lr-too-high", "single")] + [
+# (fault, variants) of every experiment the tests below read, started ahead with the
+# session's other launches (tests/conftest.py `launches`).
+LAUNCHES = [("clean", "single"), ("lr-too-high", "single")] + [
     (fault, ",".join(filter(None, [fixes, decoy]))) for fault, fixes, decoy in MAPPING
 ]
 
 
-@pytest.fixture(scope="module")
-def experiments(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str, str], dict]]:
-    ahead: Ahead[dict] = Ahead("experiment")
+def launch(key: tuple[str, str], folder: Path) -> dict:
+    return experiment(folder, *key)
 
-    def work(fault: str, variants: str) -> Callable[[], dict]:
-        return lambda: experiment(tmp_path_factory.mktemp(fault), fault, variants)
 
-    for fault, variants in EXPERIMENTS:
-        ahead.submit((fault, variants), work(fault, variants))
-    try:
-        yield lambda fault, variants: ahead.get((fault, variants), work(fault, variants))
-    finally:
-        ahead.close()
+@pytest.fixture
+def experiments(launched) -> Callable[[str, str], dict]:
+    return lambda fault, variants: launched((fault, variants))
 
 
 def test_clean_control_nothing_to_explain_and_the_single_rank_baseline_runs(experiments) -> None:

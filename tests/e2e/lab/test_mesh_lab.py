@@ -18,21 +18,31 @@ CHECK_EVERY = 5
 ONSET = 12
 
 
-@pytest.fixture(scope="module")
-def mesh_run(tmp_path_factory: pytest.TempPathFactory):
-    cache: dict[tuple[str, str], Path] = {}
+# (style, fault) of every mesh run the tests below read, started ahead with the
+# session's other launches (tests/conftest.py `launches`).
+LAUNCHES = [
+    ("hsdp", "none"),
+    ("tp", "none"),
+    ("hsdp", "lr-mismatch"),
+    ("hsdp", "init-mismatch"),
+    ("hsdp", "replica-data"),
+    ("hsdp", "mode-mismatch"),
+    ("tp", "sp-norm-unreduced"),
+]
 
-    def run(style: str, fault: str) -> Path:
-        if (style, fault) not in cache:
-            out = tmp_path_factory.mktemp("mesh") / f"{style}-{fault}"
-            result = run_mesh(style, fault, out, steps=30, onset=ONSET, check_every=CHECK_EVERY, timeout_s=600)
-            assert result.exit_code == 0 and not result.timed_out, (out.parent / f"{out.name}.console.log").read_text()[
-                -3000:
-            ]
-            cache[(style, fault)] = out
-        return cache[(style, fault)]
 
-    return run
+def launch(key: tuple[str, str], folder: Path) -> Path:
+    style, fault = key
+    out = folder / f"{style}-{fault}"
+    result = run_mesh(style, fault, out, steps=30, onset=ONSET, check_every=CHECK_EVERY, timeout_s=600)
+    console = (out.parent / f"{out.name}.console.log").read_text()
+    assert result.exit_code == 0 and not result.timed_out, console[-3000:]
+    return out
+
+
+@pytest.fixture
+def mesh_run(launched):
+    return lambda style, fault: launched((style, fault))
 
 
 @pytest.mark.parametrize("style", ["hsdp", "tp"])

@@ -11,25 +11,42 @@ import pytest
 
 from syncdoctor.doctor.diagnose import diagnose
 from syncdoctor.records import read_run
+from syncdoctor.settings import DEFAULT_CHECK_EVERY
 from tests.e2e.probe.test_run_cli import torchrun_syncdoctor
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def torchrun(tmp_path_factory: pytest.TempPathFactory):
-    cache: dict[tuple[str, ...], Path] = {}
+# (script, ranks, check every, script arguments) of every run the tests below read,
+# started ahead with the session's other launches (tests/conftest.py `launches`).
+DDP = ("ddp_train.py", 2, 5)
+LAUNCHES = [
+    (*DDP, "--steps", "60"),
+    ("ddp_train.py", 3, 5, "--steps", "30", "--odd-weight-decay-rank", "0"),
+    (*DDP, "--steps", "30", "--odd-weight-decay-rank", "0"),
+    (*DDP, "--steps", "20", "--nan-at", "1:12"),
+    (*DDP, "--steps", "20", "--nan-at", "all:8"),
+    (*DDP, "--steps", "23"),
+    (*DDP, "--steps", "23", "--part-at", "1:22"),
+    (*DDP, "--steps", "23", "--edit-after-training", "0"),
+    ("rebuild_job.py", 2, DEFAULT_CHECK_EVERY),
+    ("rebuild_job.py", 2, DEFAULT_CHECK_EVERY, "--load-on-rank0-only"),
+    ("unfreeze_job.py", 2, 10),
+    ("unfreeze_job.py", 2, 10, "--unfreeze-before-wrap"),
+]
 
-    def run(*script_args: str, nproc: int = 2) -> Path:
-        key = (str(nproc), *script_args)
-        if key not in cache:
-            out = tmp_path_factory.mktemp("roundtrip") / "run"
-            proc = torchrun_syncdoctor(out, "ddp_train.py", *script_args, nproc=nproc, extra=("--check-every", "5"))
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            cache[key] = out
-        return cache[key]
 
-    return run
+def launch(key: tuple, folder: Path) -> Path:
+    script, nproc, check_every, *args = key
+    out = folder / "run"
+    proc = torchrun_syncdoctor(out, script, *args, nproc=nproc, extra=("--check-every", str(check_every)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.fixture
+def torchrun(launched):
+    return lambda *args, nproc=2: launched(("ddp_train.py", nproc, 5, *args))
 
 
 def test_healthy_run_with_a_real_distributed_sampler(torchrun) -> None:
@@ -123,14 +140,12 @@ def test_weights_changed_on_one_rank_after_training_are_no_mismatch(torchrun) ->
 
 
 @pytest.mark.parametrize("fault", [False, True])
-def test_a_model_rebuilt_in_the_same_process_is_the_same_replicas_next_segment(tmp_path: Path, fault: bool) -> None:
+def test_a_model_rebuilt_in_the_same_process_is_the_same_replicas_next_segment(launched, fault: bool) -> None:
     """Train, checkpoint, rebuild model, DDP and optimizer, load, resume (scripts/
     rebuild_job.py): one record per rank whose steps go on counting, healthy; with the
     checkpoint loaded on rank 0 only, the rebuild is named (SD505), not a flipped bit
     nor an incomplete all-reduce."""
-    out = tmp_path / "run"
-    proc = torchrun_syncdoctor(out, "rebuild_job.py", *(["--load-on-rank0-only"] if fault else []))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = launched(("rebuild_job.py", 2, DEFAULT_CHECK_EVERY, *(["--load-on-rank0-only"] if fault else [])))
     run = read_run(out)
     for rank in (0, 1):
         steps = run.steps.filter(run.steps["rank"] == rank)["step"].to_list()
@@ -146,15 +161,12 @@ def test_a_model_rebuilt_in_the_same_process_is_the_same_replicas_next_segment(t
 
 @pytest.mark.parametrize("before_wrap", [False, True])
 def test_a_backbone_unfrozen_after_the_wrap_is_named_as_gradients_no_all_reduce_covers(
-    tmp_path: Path, before_wrap: bool
+    launched, before_wrap: bool
 ) -> None:
     """scripts/unfreeze_job.py: frozen when DDP is built, unfrozen at step 12: the
     probe sees gradients outside the reducer's parameters at the next check (SD409),
     not a canary or a flipped bit; unfrozen before the wrap it is healthy."""
-    out = tmp_path / "run"
-    args = ["--unfreeze-before-wrap"] if before_wrap else []
-    proc = torchrun_syncdoctor(out, "unfreeze_job.py", *args, extra=("--check-every", "10"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = launched(("unfreeze_job.py", 2, 10, *(["--unfreeze-before-wrap"] if before_wrap else [])))
     diag = diagnose([out])
     if before_wrap:
         assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
