@@ -175,9 +175,10 @@ def lab(request: pytest.FixtureRequest, launches: Ahead) -> Callable[..., LabRes
 
 
 @pytest.fixture
-def launched(request: pytest.FixtureRequest, launches: Ahead) -> Callable[[Hashable], object]:
+def launched(
+    request: pytest.FixtureRequest, launches: Ahead, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[Hashable], object]:
     """`launched(key)`: the result of the test module's `launch(key, folder)`, run once
     per session (started ahead when the key is in the module's `LAUNCHES`)."""
     module = request.module
-    factory = request.getfixturevalue("tmp_path_factory")
-    return lambda key: launches.get((module.__name__, key), _module_launch(module, key, factory))
+    return lambda key: launches.get((module.__name__, key), _module_launch(module, key, tmp_path_factory))
