@@ -137,7 +137,6 @@ def launches(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     lab runs (shared between workers by a file lock) are started ahead there."""
     ahead: Ahead[object] = Ahead("launch")
     obtain_lab = _lab_runner(tmp_path_factory)
-    request.session.stash[_LAB_RUNNER] = obtain_lab
     under_xdist = bool(os.environ.get("PYTEST_XDIST_WORKER"))
     modules = dict.fromkeys(item.module for item in request.session.items if isinstance(item, pytest.Function))
     for module in modules:
@@ -152,19 +151,16 @@ def launches(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         ahead.close()
 
 
-_LAB_RUNNER = pytest.StashKey[Callable[[tuple], LabResult]]()
-
-
 def _module_launch(module: ModuleType, key: Hashable, tmp_path_factory: pytest.TempPathFactory) -> Callable[[], object]:
     return lambda: module.launch(key, tmp_path_factory.mktemp(module.__name__.rsplit(".", 1)[-1]))
 
 
 @pytest.fixture(scope="session")
-def lab(request: pytest.FixtureRequest, launches: Ahead) -> Callable[..., LabResult]:
+def lab(launches: Ahead, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., LabResult]:
     """`lab(fault, ...)` runs that lab configuration once and gives its LabResult; the
     runs declared in a module's `LAB_RUNS` were started ahead (`launches`), a run nobody
     declared runs when a test asks for it."""
-    obtain = request.session.stash[_LAB_RUNNER]
+    obtain = _lab_runner(tmp_path_factory)  # the same folder as the runs started ahead
 
     def run(fault: str, variant: str = "", world_size: int = 2, seed: int = 0, **kwargs) -> LabResult:
         key = _lab_key(fault, variant, world_size, seed, **kwargs)
