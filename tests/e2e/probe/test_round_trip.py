@@ -33,6 +33,7 @@ LAUNCHES = [
     ("rebuild_job.py", 2, DEFAULT_CHECK_EVERY, "--load-on-rank0-only"),
     ("unfreeze_job.py", 2, 10),
     ("unfreeze_job.py", 2, 10, "--unfreeze-before-wrap"),
+    ("unfreeze_job.py", 2, 10, "--unfreeze-before-wrap", "--learnable-temperature"),
 ]
 
 
@@ -173,3 +174,14 @@ def test_a_backbone_unfrozen_after_the_wrap_is_named_as_gradients_no_all_reduce_
     else:
         top = diag.findings[0]
         assert (top.code, top.step, top.tensor) == ("SD409", 20, "0.weight"), [f.code for f in diag.findings]
+
+
+def test_a_learnable_loss_weight_outside_the_wrapped_model_is_named_as_gradients_no_all_reduce_covers(
+    launched,
+) -> None:
+    """scripts/unfreeze_job.py --learnable-temperature: the optimizer updates a
+    temperature that is not in the module DDP wraps; its gradient is each rank's own
+    from the first step (SD409, the parameter named by its place in the optimizer)."""
+    out = launched(("unfreeze_job.py", 2, 10, "--unfreeze-before-wrap", "--learnable-temperature"))
+    top = diagnose([out]).findings[0]
+    assert (top.code, top.step, top.tensor) == ("SD409", 1, "optimizer group 0 parameter 6 ()"), top

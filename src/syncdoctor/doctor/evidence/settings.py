@@ -25,6 +25,26 @@ class Settings(Facet):
         return partings(values) if isinstance(values, pl.DataFrame) else {}
 
     @cached_property
+    def record_partings(self) -> dict[str, Any]:
+        """From the probe records: the first step at which the loss scale (GradScaler's,
+        or what the script reported) differs across ranks, as ``log_partings`` reads the
+        logs ({"scale": must_equal.Parting}). Scaling comes before the update: the
+        gradients the optimizer reads are unscaled by each rank's own scale."""
+        from syncdoctor.doctor.must_equal import partings
+
+        if not self.ev.has_records or "loss_scale" not in self.ev.steps.columns:
+            return {}
+        values = self.ev.steps.filter(pl.col("loss_scale").is_not_null()).select(
+            "rank",
+            "step",
+            pl.lit("loss_scale").alias("key"),
+            pl.col("loss_scale").cast(pl.Float64).alias("value"),
+            pl.int_range(pl.len()).alias("line"),
+            pl.lit("probe records").alias("source"),
+        )
+        return partings(values)
+
+    @cached_property
     def rank_only_keys(self) -> list[Any]:
         """From the logs: keys some ranks add to the step line every rank prints and
         the others never print (must_equal.RankOnlyKey)."""

@@ -20,14 +20,16 @@ class UncoveredGradients(Rule):
     parameters its reducer averages: those that required a gradient then. A parameter
     frozen at that moment and unfrozen later, or one created after the wrap
     (`model.module.fc = nn.Linear(...)`), gets a gradient that each rank applies on
-    its own, unaveraged.
+    its own, unaveraged. So does a parameter the optimizer updates outside the wrapped
+    module (learnable loss weights, a criterion's temperature).
 
     **Quick check:** after the change, compare each rank's gradient of one of those
     parameters right after `backward()`: they differ.
 
     **Fix:** build (or rebuild) the DDP wrapper after changing which parameters train:
     unfreeze or replace first, then `DDP(model)`; or keep every parameter trainable
-    from the start and zero the gradients of the frozen ones.
+    from the start and zero the gradients of the frozen ones; put learnable loss
+    weights inside the module DDP wraps.
     """
 
     code = "SD409"
@@ -49,7 +51,8 @@ class UncoveredGradients(Rule):
             f"at step {step} {count} parameter{'s' if count != 1 else ''} held a gradient that DDP's reducer does "
             f"not average on {fmt_ranks(ranks)}"
             + (f" (first: {first})" if first else "")
-            + ": they required no gradient, or did not exist, when the wrapper was built"
+            + ": they required no gradient or did not exist when the wrapper was built, or live outside the"
+            " wrapped module"
         ]
         div = ev.replicas.divergence
         if div is not None and div.step >= step:

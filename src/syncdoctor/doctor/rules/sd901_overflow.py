@@ -25,7 +25,8 @@ class OverflowDisagreement(Rule):
 
     **Fix:** decide overflow from the reduced gradients or all-reduce the found-inf flag
     (GradScaler under DDP, `ms.amp.all_finite` + DynamicLossScaler on the reduced
-    grads); use a dynamic loss scaler with fp16.
+    grads); use a dynamic loss scaler with fp16; load a resumed scaler's state
+    (`scaler.load_state_dict`) on every rank, not under a rank-0 branch.
     """
 
     code = "SD901"
@@ -46,6 +47,30 @@ class OverflowDisagreement(Rule):
             if div and div.step >= step:
                 evidence.append(f"replicas part at step {div.step}, after the first disagreement")
             return self.found(0.95, evidence, ranks=ranks, step=step)
+        p = ev.settings.record_partings.get("scale")
+        if p is not None:
+            div = ev.replicas.divergence
+            evidence = [
+                "the ranks hold a different loss scale: "
+                + describe(p, describe_split)
+                + (
+                    "; a scaler state loaded or set on some ranks only"
+                    if not p.agreed_steps
+                    else "; each scaler changed its scale on its own"
+                )
+                + ": the all-reduce averages gradients scaled differently and each rank unscales them by its own"
+                " scale, so the update differs while the reduction itself is sound"
+            ]
+            if div and div.step >= p.step:
+                evidence.append(f"replicas part at step {div.step}, at the first different scale or after")
+            return self.found(
+                0.9,
+                evidence,
+                ranks=agreement({r: repr(v) for r, v in p.values.items()}).odd,
+                step=p.step,
+                title="Ranks hold different loss scales: each unscales the averaged gradients by its own",
+                direct=True,
+            )
         p = ev.settings.log_partings.get("scale")
         if p is not None:
             return self.found(

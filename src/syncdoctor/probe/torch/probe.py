@@ -68,6 +68,25 @@ def _reduced_by(ddp: Any) -> set[int]:
     return {id(p) for n, p in ddp.module.named_parameters() if p.requires_grad or n in ignored}
 
 
+def _outside_every_reducer(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[tuple[str, Any]]:
+    """The parameters `optimizer` updates that are not in the wrapped `module` and that
+    no live DDP wrapper averages (learnable loss weights, a temperature, a criterion's
+    parameters): each rank applies its own gradient to them. Named by their place in
+    the optimizer; a scan of live objects, once, only where such parameters exist."""
+    inside = {id(p) for p in module.parameters()}
+    outside = [
+        (f"optimizer group {g} parameter {i} {tuple(p.shape)}", p)
+        for g, group in enumerate(optimizer.param_groups)
+        for i, p in enumerate(group["params"])
+        if id(p) not in inside
+    ]
+    if not outside:
+        return []
+    ddp = _ddp_class()
+    covered = set().union(*(_reduced_by(o) for o in gc.get_objects() if issubclass(type(o), ddp)))
+    return [(name, p) for name, p in outside if id(p) not in covered]
+
+
 def _ddp_holding(module: torch.nn.Module) -> Any:
     """The live DDP wrapper of `module`, if one holds it (a scan of live objects, once
     per probe, only where DDP is in use)."""
@@ -118,6 +137,7 @@ class Probe:
         # A gradient on any other parameter is never averaged (frozen then unfrozen, a
         # layer replaced after the wrap). None without a DDP wrapper.
         self._reduced_ids = self._guard(_reduced_by, self._wrapper) if self._wrapper is not None else None
+        self._outside_reducer: list[tuple[str, Any]] = []  # set when the optimizer is bound
         self.optimizer: torch.optim.Optimizer | None = None
         self.loss_fn, self.loader, self.global_batch = loss_fn, loader, global_batch
         self.baseline = baseline  # the single-card recipe (lr, batch_size), for the doctor
@@ -241,6 +261,8 @@ class Probe:
 
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
         self._take_over_from_rebuilt()
+        if self._reduced_ids is not None:
+            self._outside_reducer = _outside_every_reducer(self.module, optimizer)
         self._handles.append(StepWatch(optimizer, self._after_step_hook))
         # `syncdoctor experiment`'s hparams variant puts rank 0's hyperparameters in place here.
         hook_points.call(hook_points.BEFORE_SNAPSHOT, self, optimizer)
@@ -660,7 +682,7 @@ class Probe:
         if self._reduced_ids is not None:
             uncovered = [
                 n for n, p in self.module.named_parameters() if p.grad is not None and id(p) not in self._reduced_ids
-            ]
+            ] + [n for n, p in self._outside_reducer if p.grad is not None]
             if uncovered:
                 out["uncovered_grads"] = len(uncovered)
                 out["uncovered_first"] = uncovered[0]
