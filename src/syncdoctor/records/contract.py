@@ -239,6 +239,9 @@ EVENT = (
 CLOSE_CHECK_EVENT = "close_check"
 # The event of a probe that took over a rebuilt model's record (snapshot `segment`).
 REBOUND_EVENT = "rebound"
+# The event of a rank that entered torch's `Join` context (uneven inputs by design: a
+# rank out of batches shadows the others' collectives until every rank is done).
+JOIN_EVENT = "join"
 NOT_COMPARED_AT_CLOSE = "last steps not compared at close: "
 
 END = (

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from syncdoctor.doctor.diagnose import diagnose
-from syncdoctor.records import read_run
+from syncdoctor.records import contract, read_run
 from syncdoctor.settings import DEFAULT_CHECK_EVERY
 from tests.e2e.probe.test_run_cli import torchrun_syncdoctor
 
@@ -34,6 +34,7 @@ LAUNCHES = [
     ("unfreeze_job.py", 2, 10),
     ("unfreeze_job.py", 2, 10, "--unfreeze-before-wrap"),
     ("unfreeze_job.py", 2, 10, "--unfreeze-before-wrap", "--learnable-temperature"),
+    ("join_job.py", 2, 5),
 ]
 
 
@@ -185,3 +186,14 @@ def test_a_learnable_loss_weight_outside_the_wrapped_model_is_named_as_gradients
     out = launched(("unfreeze_job.py", 2, 10, "--unfreeze-before-wrap", "--learnable-temperature"))
     top = diagnose([out]).findings[0]
     assert (top.code, top.step, top.tensor) == ("SD409", 1, "optimizer group 0 parameter 6 ()"), top
+
+
+def test_uneven_inputs_under_join_are_healthy_and_the_join_is_recorded(launched) -> None:
+    """scripts/join_job.py: rank 0 runs 24 steps and rank 1 20, under torch's Join (the
+    documented recipe for uneven inputs): every rank's record says it joined, and the
+    different step counts are not reported as uneven shards."""
+    out = launched(("join_job.py", 2, 5))
+    run = read_run(out)
+    assert {e["rank"] for e in run.events if e.get("event") == contract.JOIN_EVENT} == {0, 1}
+    diag = diagnose([out])
+    assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]

@@ -57,6 +57,15 @@ class Events(Facet):
             }
         )
 
+    @cached_property
+    def joined(self) -> set[int]:
+        """Ranks that trained under torch's `Join` (the probe's `join` event): uneven
+        inputs handled by design, their step counts may differ."""
+        events = self.ev.records.events if self.ev.records is not None else []
+        return {
+            int(e["rank"]) for e in events if e.get("event") == contract.JOIN_EVENT and isinstance(e.get("rank"), int)
+        }
+
     def rebuilt_within(self, after: int | None, upto: int) -> int | None:
         """The last rebuild in (after, upto): a parting bracketed there may be the rebuild's."""
         inside = [s for s in self.rebuilt_after if (after is None or s >= after) and s < upto]

@@ -331,10 +331,17 @@ def observe_losses() -> None:
     safety.patch_once(GradScaler, "_maybe_opt_step", _make_scaler_step)
 
 
+def _note_join() -> None:
+    for probe in STATE.probes:
+        if not probe.closed:
+            probe.joined()
+
+
 def install() -> None:
     if STATE.installed or not dist.is_available():
         return
     STATE.installed = True
+    from torch.distributed.algorithms.join import Join
     from torch.nn.modules.loss import _Loss
     from torch.nn.parallel import DistributedDataParallel
     from torch.optim.optimizer import (
@@ -370,8 +377,16 @@ def install() -> None:
 
         return __init__
 
+    def make_join_enter(original: Callable[..., Any]) -> Callable[..., Any]:
+        def __enter__(self: Any) -> Any:
+            _safe(_note_join)
+            return original(self)
+
+        return __enter__
+
     safety.patch_once(dist, "init_process_group", make_init)
     safety.patch_once(dist, "destroy_process_group", make_destroy)
+    safety.patch_once(Join, "__enter__", make_join_enter)
     safety.patch_once(DistributedDataParallel, "__init__", make_ddp_init)
     observe_losses()
     safety.patch_once(DataLoader, "__init__", _remember(_loaders))

@@ -156,6 +156,7 @@ class Probe:
         self.writer = RecordWriter(self.run_dir, self.rank, tail=True)
         self.disabled = False
         self.closed = False
+        self._joined = False  # entered a Join context (uneven inputs by design)
         self._handles: list[Any] = []
         # counters
         self.step = 0  # iterations ended: optimizer steps plus reported skips
@@ -394,6 +395,17 @@ class Probe:
         """Report an iteration that ended without an optimizer step (AMP overflow skip)."""
         if not self.disabled:
             self._guard(self._end_iteration, False, overflow)
+
+    def joined(self) -> None:
+        """This rank entered torch's `Join` context manager: its step count may end
+        below the others' by design (recorded once per probe)."""
+        if not self._joined and not self.disabled:
+            self._joined = True
+            self._event(
+                contract.JOIN_EVENT,
+                "the script trains under torch.distributed.algorithms.join.Join: a rank that runs out of "
+                "batches shadows the others' collectives until every rank is done",
+            )
 
     def close(self, status: str = "ok", message: str = "", ended: bool = True) -> None:
         """End this probe's record (`ended=False`: its segment only, a rebuilt model's
