@@ -159,6 +159,12 @@ STEP = (
         by=(TORCH,),
     ),
     _f("uncovered_first", "str", "the first of them, by name", by=(TORCH,)),
+    _f(
+        "param_writes",
+        "int",
+        "unsharded, at checks: in-place writes into the parameters so far (the sum of torch's version counters)",
+        by=(TORCH,),
+    ),
     _f("train_mode", "str", '"n/m[:hex]" modules in train mode (TRAIN_MODE)'),
     _f("config_fp", "int", "fingerprint of what must be configured alike (loss, optimizer, DDP settings)", by=(TORCH,)),
     _f(
