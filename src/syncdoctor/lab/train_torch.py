@@ -237,8 +237,9 @@ probe = syncdoctor.attach(
 
 def flip_bit(tensor: torch.Tensor) -> None:
     """Silent data corruption, as a failing chip or memory cell does it: one bit of one
-    float32 value flips, on this rank only, and nothing raises."""
-    bits = tensor.detach().view(-1)[plan.bitflip_index : plan.bitflip_index + 1].view(torch.int32)
+    float32 value flips, on this rank only, and nothing raises. Through `.data`, whose
+    version counter is its own: a chip's flip is no write torch could count."""
+    bits = tensor.data.view(-1)[plan.bitflip_index : plan.bitflip_index + 1].view(torch.int32)
     bits.bitwise_xor_(1 << plan.bitflip_bit if plan.bitflip_bit < 31 else -(1 << 31))
 
 

@@ -48,13 +48,21 @@ class ParamsWrittenOutsideUpdate(Rule):
             .with_columns(
                 (pl.col("param_writes") - pl.col("param_writes").shift().over("rank")).alias("writes"),
                 pl.col("step").shift().over("rank").alias("since"),
+                (pl.col("opt_steps") - pl.col("opt_steps").shift().over("rank")).alias("updates"),
             )
             .filter(pl.col("writes").is_not_null())
         )
         parted = (
             rows.group_by("step")
-            .agg(pl.col("writes").n_unique().alias("k"), pl.len().alias("n"), pl.col("since").min())
-            .filter((pl.col("k") > 1) & (pl.col("n") == len(ev.ranks)))
+            .agg(
+                pl.col("writes").n_unique().alias("k"),
+                pl.col("updates").n_unique().alias("u"),
+                pl.len().alias("n"),
+                pl.col("since").min(),
+            )
+            # Ranks that made different numbers of updates wrote differently by the update
+            # itself (a skipped or an extra step: their own rules).
+            .filter((pl.col("k") > 1) & (pl.col("u") == 1) & (pl.col("n") == len(ev.ranks)))
             .sort("step")
         )
         for step, since in parted.select("step", "since").iter_rows():

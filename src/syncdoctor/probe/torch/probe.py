@@ -700,10 +700,11 @@ class Probe:
                 out["uncovered_first"] = uncovered[0]
         tensor_fps = fingerprints(params, cache=self._views, kind="param")
         out["param_fp"] = combine(tensor_fps)
-        if self.layout is None or not self.layout.sharded:
+        if (self.layout is None or not self.layout.sharded) and self.opt_state_replicated:
             # torch bumps a tensor's version at every in-place write: the update's own
             # writes are the same on every rank, so a count that differs across ranks
-            # means code outside the update wrote into the parameters on some ranks.
+            # means code outside the update wrote into the parameters on some ranks
+            # (not under ZeRO, where each rank updates its own part and receives the rest).
             out["param_writes"] = sum(p._version for p in params)
         replica = self._per_class(tensor_fps)
         out["buffer_fp"] = self._buffer_fp
