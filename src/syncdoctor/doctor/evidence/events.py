@@ -66,6 +66,16 @@ class Events(Facet):
             int(e["rank"]) for e in events if e.get("event") == contract.JOIN_EVENT and isinstance(e.get("rank"), int)
         }
 
+    @cached_property
+    def heals(self) -> list[dict[str, Any]]:
+        """The probe's heal records (on_mismatch="heal"), one per rank and heal."""
+        events = self.ev.records.events if self.ev.records is not None else []
+        return [
+            e
+            for e in events
+            if e.get("event") == "heal" and isinstance(e.get("heal"), dict) and isinstance(e.get("step"), int)
+        ]
+
     def rebuilt_within(self, after: int | None, upto: int) -> int | None:
         """The last rebuild in (after, upto): a parting bracketed there may be the rebuild's."""
         inside = [s for s in self.rebuilt_after if (after is None or s >= after) and s < upto]

@@ -40,7 +40,7 @@ class ParamsWrittenOutsideUpdate(Rule):
         div = ev.replicas.divergence
         if not ev.has_records or "param_writes" not in ev.steps.columns or div is None or "param" not in div.what:
             return None
-        if any(e.get("event") == "heal" for e in (ev.records.events if ev.records is not None else [])):
+        if any(e["heal"].get("status") == "healed" for e in ev.events.heals):
             return None  # a heal writes the majority's weights into the odd rank: its own writes
         rows = (
             ev.steps.filter(pl.col("param_writes").is_not_null())

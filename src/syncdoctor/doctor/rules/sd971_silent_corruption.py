@@ -60,17 +60,6 @@ def confined(reach: tuple[int, int]) -> bool:
     return parted <= max(2, CONFINED_SHARE * compared)
 
 
-def heal_events(ev: Evidence) -> list[dict[str, Any]]:
-    """The probe's heal records (on_mismatch="heal"), one per rank and heal."""
-    if ev.records is None:
-        return []
-    return [
-        e
-        for e in ev.records.events
-        if e.get("event") == "heal" and isinstance(e.get("heal"), dict) and isinstance(e.get("step"), int)
-    ]
-
-
 def device_of(ev: Evidence, rank: int) -> dict[str, Any]:
     """Where a rank ran: host and device, from its snapshot."""
     snap = ev.snapshots.get(rank, {})
@@ -144,7 +133,7 @@ class SilentCorruption(Rule):
         if reach is not None and not confined(reach):
             return None  # most tensors changed at once: a rank treated apart by code, not a flip
         world = ev.world_size or len(ev.ranks)
-        heals = [e for e in heal_events(ev) if e["heal"].get("status") == "healed"]
+        heals = [e for e in ev.events.heals if e["heal"].get("status") == "healed"]
         if self._parts_again_after_heal(ev, heals, checks):
             return None  # it came back at once after a heal: a persistent fault, another rule's
         odd = self._odd_ranks(ev, div.ranks, world)
@@ -222,7 +211,7 @@ class SilentCorruption(Rule):
     def _parts_again_after_heal(ev: Evidence, heals: list[dict[str, Any]], checks: list[dict[str, Any]]) -> bool:
         """A replica that parts again at the first check after being healed: not a
         transient flip (a heal's own check already sees the restored state)."""
-        if any("persistent" in str(e["heal"].get("reason")) for e in heal_events(ev)):
+        if any("persistent" in str(e["heal"].get("reason")) for e in ev.events.heals):
             return True
         every = next((s["check_every"] for s in ev.snapshots.values() if isinstance(s.get("check_every"), int)), 1)
         steps = {int(e["step"]) for e in heals}
@@ -251,9 +240,9 @@ class SilentCorruption(Rule):
             if later_ok and not [c for c in checks if c["step"] > last]:
                 lines.append(f"every check after the heal at step {last} agreed")
         aborted = {
-            (e["step"], e["heal"].get("reason")) for e in heal_events(ev) if e["heal"].get("status") == "aborted"
+            (e["step"], e["heal"].get("reason")) for e in ev.events.heals if e["heal"].get("status") == "aborted"
         }
         lines += [f"heal at step {st} aborted: {r}" for st, r in sorted(aborted, key=lambda a: a[0]) if r]
-        refused = {e["heal"].get("reason") for e in heal_events(ev) if e["heal"].get("status") == "refused"}
+        refused = {e["heal"].get("reason") for e in ev.events.heals if e["heal"].get("status") == "refused"}
         lines += [f"not healed: {r}" for r in sorted(r for r in refused if isinstance(r, str))]
         return lines[:6]
