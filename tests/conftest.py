@@ -77,7 +77,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 def pids_running_with(text: str) -> list[int]:
-    """Live processes whose command line mentions `text` (read from /proc, by pid)."""
+    """Live processes whose command line mentions `text`, or whose stdout or stderr is a
+    file whose path does (read from /proc, by pid). The second finds the lab's ranks
+    whichever way they were started: a rank forked by the fork server has the server's
+    command line, and its log as its output, as a spawned rank has."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -85,11 +88,19 @@ def pids_running_with(text: str) -> list[int]:
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             state = (entry / "stat").read_text().split(")")[-1].split()[0]
+            outputs = [_link(entry / "fd" / fd) for fd in ("1", "2")]
         except OSError:
             continue
-        if text in cmdline and state != "Z":
+        if state != "Z" and any(text in seen for seen in (cmdline, *outputs)):
             found.append(int(entry.name))
     return found
+
+
+def _link(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
 
 
 def _lab_key(fault: str, variant: str = "", world_size: int = 2, seed: int = 0, **kwargs) -> tuple:

@@ -11,9 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from syncdoctor.lab import forkserver
 from syncdoctor.lab.faults import FAULTS, plans_for
 from syncdoctor.lab.launch import free_port, run_ranks
 from syncdoctor.settings import RUN_DIR_ENV
+
+# Set to 1, the ranks are spawned as fresh interpreters even where they could be forked.
+SPAWN_ENV = "SYNCDOCTOR_LAB_SPAWN"
 
 STARTUP_BUDGET_S = 60.0  # interpreter, torch import and process-group rendezvous
 
@@ -30,6 +34,7 @@ class LabResult:
     duration_s: float
     accuracy: dict[int, float] = field(default_factory=dict)
     steps_done: dict[int, int] = field(default_factory=dict)
+    started: str = "spawned"  # how the ranks were started: "spawned", or "forked" by the fork server
 
     @property
     def ok(self) -> bool:
@@ -49,6 +54,7 @@ class LabResult:
             "duration_s": round(self.duration_s, 2),
             "accuracy": {str(k): v for k, v in self.accuracy.items()},
             "steps_done": {str(k): v for k, v in self.steps_done.items()},
+            "started": self.started,
         }
 
 
@@ -108,10 +114,11 @@ def run_lab(
 
         # msrun starts a scheduler beside the ranks, and each imports MindSpore (≈3× torch's start-up).
         ms = run_mindspore_lab(plans, out, timeout_s + STARTUP_BUDGET_S)
-        codes, timed_out = [ms["returncode"]], bool(ms["timed_out"])
+        codes, timed_out, started = [ms["returncode"]], bool(ms["timed_out"]), "spawned"
     else:
-        codes, timed_out = _run_torch(plans, out, timeout_s)
+        codes, timed_out, started = _run_torch(plans, out, timeout_s)
     result = LabResult(fault, variant, framework, world_size, out, codes, timed_out, time.monotonic() - t0)
+    result.started = started
     for rank in range(world_size):
         path = out / f"result{rank}.json"
         if path.exists():
@@ -141,9 +148,12 @@ def _clear(out: Path) -> None:
             entry.unlink()
 
 
-def _run_torch(plans: list, out: Path, timeout_s: float) -> tuple[list[int | None], bool]:
+def _run_torch(plans: list, out: Path, timeout_s: float) -> tuple[list[int | None], bool, str]:
+    """The ranks of one run, forked from the fork server (lab/forkserver.py: torch is
+    imported once for all of them) or, under `syncdoctor run` (whose sitecustomize must
+    run as each rank's interpreter starts) and where the server cannot start, spawned."""
     port = free_port()
-    commands, envs, logs = [], [], []
+    argvs, envs, logs = [], [], []
     for plan in plans:
         env = dict(os.environ)
         env.update(
@@ -159,9 +169,15 @@ def _run_torch(plans: list, out: Path, timeout_s: float) -> tuple[list[int | Non
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        commands.append(
-            [sys.executable, "-m", "syncdoctor.lab.train_torch", str(out / "plans" / f"plan{plan.rank}.json")]
-        )
+        argvs.append([str(out / "plans" / f"plan{plan.rank}.json")])
         envs.append(env)
         logs.append(out / f"train.log{plan.rank}")
-    return run_ranks(commands, envs, logs, timeout_s)
+    module = "syncdoctor.lab.train_torch"
+    if os.environ.get(SPAWN_ENV) != "1" and not os.environ.get(RUN_DIR_ENV):
+        try:
+            server = forkserver.shared_server()
+            return (*forkserver.run_forked_ranks(server, module, argvs, envs, logs, timeout_s), "forked")
+        except forkserver.ForkServerError:
+            pass  # spawned instead: slower, never worse
+    commands = [[sys.executable, "-m", module, *argv] for argv in argvs]
+    return (*run_ranks(commands, envs, logs, timeout_s), "spawned")
