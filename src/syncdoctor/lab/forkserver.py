@@ -32,7 +32,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -118,7 +117,14 @@ def _run_rank(request: dict[str, Any], log: int, devnull: int) -> None:
     except SystemExit as done:
         code = _exit_code(done.code)
     except BaseException:
-        traceback.print_exc()
+        # As the interpreter reports an uncaught exception (PyErr_Print): sys.last_*
+        # set, which the probe's exit handler reads to record how the rank ended, then
+        # sys.excepthook.
+        kind, error, tb = sys.exc_info()
+        sys.last_type, sys.last_value, sys.last_traceback = kind, error, tb
+        if sys.version_info >= (3, 12):
+            sys.last_exc = error
+        sys.excepthook(kind, error, tb)  # type: ignore[arg-type]
         code = 1
     finally:
         try:
