@@ -72,10 +72,13 @@ def test_a_closed_server_ends_the_ranks_it_forked(tmp_path) -> None:
     assert pids_running_with(str(log)) == []
 
 
-def test_a_forked_lab_run_computes_what_a_spawned_one_does(lab, monkeypatch, tmp_path) -> None:
-    forked = lab("clean")
+def test_a_forked_lab_run_computes_what_a_spawned_one_does(monkeypatch, tmp_path) -> None:
+    def clean(folder: str):
+        return run_lab("clean", steps=40, out=tmp_path / folder, pg_timeout_s=LAB_PG_TIMEOUT_S)
+
+    forked = clean("forked")
     monkeypatch.setenv(SPAWN_ENV, "1")
-    spawned = run_lab("clean", out=tmp_path / "spawned", pg_timeout_s=LAB_PG_TIMEOUT_S)
+    spawned = clean("spawned")
     assert (forked.started, spawned.started) == ("forked", "spawned")
     assert forked.ok and spawned.ok
     assert forked.accuracy == spawned.accuracy
@@ -86,5 +89,5 @@ def test_a_forked_lab_run_computes_what_a_spawned_one_does(lab, monkeypatch, tmp
 def _steps(log: Path) -> list[str]:
     """The rank's step lines without their time stamps: loss, lr and gradient norm."""
     lines = [line.split(" | ", 1)[1] for line in log.read_text().splitlines() if "| step " in line]
-    assert len(lines) >= 100
+    assert len(lines) >= 40  # whole epochs: the run ends at the end of its epoch
     return lines
