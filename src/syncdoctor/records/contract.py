@@ -160,6 +160,14 @@ STEP = (
     ),
     _f("uncovered_first", "str", "the first of them, by name", by=(TORCH,)),
     _f(
+        "grads_missing",
+        "int",
+        "at checks: trainable parameters with no gradient as the update reads them (the set is the same on every rank)",
+        by=(TORCH,),
+    ),
+    _f("grads_missing_first", "str", "the first of them, by name; absent when none", by=(TORCH,)),
+    _f("grads_missing_fp", "int", "fingerprint of which parameters they are; absent when none", by=(TORCH,)),
+    _f(
         "param_writes",
         "int",
         "unsharded, at checks: in-place writes into the parameters so far (the sum of torch's version counters)",

@@ -35,6 +35,8 @@ LAUNCHES = [
     ("unfreeze_job.py", 2, 10, "--unfreeze-before-wrap"),
     ("unfreeze_job.py", 2, 10, "--unfreeze-before-wrap", "--learnable-temperature"),
     ("join_job.py", 2, 5),
+    ("hand_average_job.py", 2, 5),
+    ("hand_average_job.py", 2, 5, "--write-back"),
 ]
 
 
@@ -197,3 +199,23 @@ def test_uneven_inputs_under_join_are_healthy_and_the_join_is_recorded(launched)
     assert {e["rank"] for e in run.events if e.get("event") == contract.JOIN_EVENT} == {0, 1}
     diag = diagnose([out])
     assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
+
+
+@pytest.mark.parametrize("write_back", [False, True])
+def test_a_hand_written_average_that_drops_a_missing_gradient_is_named_at_the_backward(
+    launched, write_back: bool
+) -> None:
+    """scripts/hand_average_job.py: a head some batches skip keeps no gradient on the
+    ranks that skipped it (the average reduced a zero stand-in and dropped it): the
+    ranks update different parameters (SD410, the head named), and the write counts
+    that differ for that reason are not blamed on code outside the update (SD507).
+    With the reduced tensor written back it is healthy."""
+    out = launched(("hand_average_job.py", 2, 5, *(["--write-back"] if write_back else [])))
+    diag = diagnose([out])
+    if write_back:
+        assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
+        return
+    top = diag.findings[0]
+    assert (top.code, top.category, top.ranks, top.step) == ("SD410", "sync.incomplete_reduce", [0], 1), top
+    assert top.tensor is not None and top.tensor.startswith("rare_head.")
+    assert "SD507" not in {f.code for f in diag.findings}

@@ -1,14 +1,25 @@
 """The gradient reduction: whether the reduced gradient is larger than an average
-can be (a sum), and which ranks' gradients were left out of it."""
+can be (a sum), which ranks' gradients were left out of it, and whether it delivered
+a gradient to the same parameters on every rank."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
 
 import polars as pl
 
 from syncdoctor.doctor.evidence.replicas import Replicas
 from syncdoctor.doctor.evidence.sources import Facet, Sources, float_of
+
+
+@dataclass(frozen=True)
+class GradientsApart:
+    """The first check at which the ranks held gradients for different parameters."""
+
+    step: int
+    missing: dict[int, int]  # rank -> how many trainable parameters had no gradient
+    first: dict[int, str]  # rank -> the first of them, by name (ranks that missed none: absent)
 
 
 class Reduce(Facet):
@@ -59,3 +70,28 @@ class Reduce(Facet):
             return []
         frac = rows.group_by("rank").agg(((pl.col("reduce_ratio") - 1).abs() < 1e-6).mean().alias("f"))
         return sorted(int(r) for r, f in frac.iter_rows() if f > 0.5)
+
+    @cached_property
+    def gradients_apart(self) -> GradientsApart | None:
+        """The first check at which the set of parameters holding a gradient, as the
+        update read them, differed across ranks (probe field grads_missing)."""
+        steps = self.ev.steps if self.ev.has_records else None
+        if steps is None or "grads_missing" not in steps.columns:
+            return None
+        fp = pl.col("grads_missing_fp") if "grads_missing_fp" in steps.columns else pl.lit(0)
+        rows = steps.filter(pl.col("grads_missing").is_not_null()).with_columns(
+            pl.struct(pl.col("grads_missing"), fp.fill_null(0)).alias("which")
+        )
+        apart = (
+            rows.group_by("step")
+            .agg(pl.col("which").n_unique().alias("k"), pl.len().alias("n"))
+            .filter((pl.col("k") > 1) & (pl.col("n") > 1))
+        )
+        if not apart.height:
+            return None
+        step = int(apart["step"].min())
+        at = rows.filter(pl.col("step") == step)
+        names = at["grads_missing_first"] if "grads_missing_first" in at.columns else [None] * at.height
+        missing = {int(r): int(m) for r, m in zip(at["rank"], at["grads_missing"], strict=True)}
+        first = {int(r): str(n) for r, n in zip(at["rank"], names, strict=True) if n is not None}
+        return GradientsApart(step, missing, first)

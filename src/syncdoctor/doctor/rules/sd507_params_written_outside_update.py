@@ -42,6 +42,9 @@ class ParamsWrittenOutsideUpdate(Rule):
             return None
         if any(e["heal"].get("status") == "healed" for e in ev.events.heals):
             return None  # a heal writes the majority's weights into the odd rank: its own writes
+        apart = ev.reduce.gradients_apart
+        if apart is not None and apart.step <= div.step:
+            return None  # the optimizer skips a parameter without a gradient: fewer writes, by the update (SD410)
         rows = (
             ev.steps.filter(pl.col("param_writes").is_not_null())
             .sort("rank", "step")

@@ -698,6 +698,14 @@ class Probe:
             if uncovered:
                 out["uncovered_grads"] = len(uncovered)
                 out["uncovered_first"] = uncovered[0]
+        # Which parameters hold a gradient as the update reads them: the same set on
+        # every rank in data parallelism (DDP fills a gradient a rank did not produce
+        # where another rank did). A rank whose set differs updates other parameters.
+        missing = [i for i, p in enumerate(params) if p.grad is None]
+        out["grads_missing"] = len(missing)
+        if missing:
+            out["grads_missing_first"] = self._named_params[missing[0]][0]
+            out["grads_missing_fp"] = combine(missing)
         tensor_fps = fingerprints(params, cache=self._views, kind="param")
         out["param_fp"] = combine(tensor_fps)
         if (self.layout is None or not self.layout.sharded) and self.opt_state_replicated:
