@@ -10,7 +10,7 @@ from functools import cached_property
 import polars as pl
 
 from syncdoctor.doctor.evidence.replicas import Replicas
-from syncdoctor.doctor.evidence.sources import Facet, Sources, float_of
+from syncdoctor.doctor.evidence.sources import Facet, Sources, float_of, int_of
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class Reduce(Facet):
         )
         if not apart.height:
             return None
-        step = int(apart["step"].min())
+        step = int_of(apart["step"].min())
         at = rows.filter(pl.col("step") == step)
         names = at["grads_missing_first"] if "grads_missing_first" in at.columns else [None] * at.height
         missing = {int(r): int(m) for r, m in zip(at["rank"], at["grads_missing"], strict=True)}
