@@ -162,11 +162,11 @@ STEP = (
     _f(
         "grads_missing",
         "int",
-        "at checks: trainable parameters with no gradient as the update reads them (the set is the same on every rank)",
+        "at checks, summed over the updates so far: trainable parameters the update read with no gradient",
         by=(TORCH,),
     ),
-    _f("grads_missing_first", "str", "the first of them, by name; absent when none", by=(TORCH,)),
-    _f("grads_missing_fp", "int", "fingerprint of which parameters they are; absent when none", by=(TORCH,)),
+    _f("grads_missing_first", "str", "the last of them seen, by name; absent when none", by=(TORCH,)),
+    _f("grads_missing_fp", "int", "a fingerprint of which they were, update by update; absent when none", by=(TORCH,)),
     _f(
         "param_writes",
         "int",

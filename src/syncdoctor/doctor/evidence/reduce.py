@@ -15,11 +15,13 @@ from syncdoctor.doctor.evidence.sources import Facet, Sources, float_of, int_of
 
 @dataclass(frozen=True)
 class GradientsApart:
-    """The first check at which the ranks held gradients for different parameters."""
+    """The first check at which the ranks' updates had read gradients for different
+    parameters (summed over the updates so far), and the last check before it."""
 
     step: int
-    missing: dict[int, int]  # rank -> how many trainable parameters had no gradient
-    first: dict[int, str]  # rank -> the first of them, by name (ranks that missed none: absent)
+    since: int | None  # the check before, where the sums agreed (None: the first check)
+    missing: dict[int, int]  # rank -> how many missing gradients the updates read since `since`
+    first: dict[int, str]  # rank -> the last of them, by name (ranks that missed none: absent)
 
 
 class Reduce(Facet):
@@ -73,8 +75,9 @@ class Reduce(Facet):
 
     @cached_property
     def gradients_apart(self) -> GradientsApart | None:
-        """The first check at which the set of parameters holding a gradient, as the
-        update read them, differed across ranks (probe field grads_missing)."""
+        """Where the parameters that held a gradient as the updates read them first
+        differed across ranks (probe fields grads_missing*, summed over the updates:
+        the first check at which the sums differ closes the interval that did it)."""
         steps = self.ev.steps if self.ev.has_records else None
         if steps is None or "grads_missing" not in steps.columns:
             return None
@@ -82,16 +85,26 @@ class Reduce(Facet):
         rows = steps.filter(pl.col("grads_missing").is_not_null()).with_columns(
             pl.struct(pl.col("grads_missing"), fp.fill_null(0)).alias("which")
         )
-        apart = (
+        per_check = (
             rows.group_by("step")
             .agg(pl.col("which").n_unique().alias("k"), pl.len().alias("n"))
-            .filter((pl.col("k") > 1) & (pl.col("n") > 1))
+            .filter(pl.col("n") == len(self.ev.ranks))
+            .sort("step")
         )
+        apart = per_check.filter(pl.col("k") > 1)
         if not apart.height:
             return None
-        step = int_of(apart["step"].min())
+        step = int_of(apart["step"][0])
+        agreed = per_check.filter((pl.col("step") < step) & (pl.col("k") == 1))
+        since = int_of(agreed["step"][-1]) if agreed.height else None
         at = rows.filter(pl.col("step") == step)
+        before = rows.filter(pl.col("step") == since) if since is not None else None
+        base = (
+            {int(r): int(m) for r, m in zip(before["rank"], before["grads_missing"], strict=True)}
+            if before is not None
+            else {}
+        )
+        missing = {int(r): int(m) - base.get(int(r), 0) for r, m in zip(at["rank"], at["grads_missing"], strict=True)}
         names = at["grads_missing_first"] if "grads_missing_first" in at.columns else [None] * at.height
-        missing = {int(r): int(m) for r, m in zip(at["rank"], at["grads_missing"], strict=True)}
         first = {int(r): str(n) for r, n in zip(at["rank"], names, strict=True) if n is not None}
-        return GradientsApart(step, missing, first)
+        return GradientsApart(step, since, missing, first)

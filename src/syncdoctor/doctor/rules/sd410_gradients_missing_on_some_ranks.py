@@ -47,9 +47,10 @@ class GradientsMissingOnSomeRanks(Rule):
             odd = [r for r, m in apart.missing.items() if m == max(apart.missing.values())]
         named = next((apart.first[r] for r in odd if r in apart.first), None)
         counts = ", ".join(f"{apart.missing[r]} on rank {r}" for r in sorted(apart.missing))
+        when = f"between the checks at steps {apart.since} and {apart.step}" if apart.since else f"by step {apart.step}"
         evidence = [
-            f"at the check of step {apart.step} the trainable parameters without a gradient as the update read "
-            f"them differ across ranks ({counts})" + (f"; first missing: {named}" if named else ""),
+            f"{when} the updates read no gradient for different parameters on different ranks (missing "
+            f"gradients: {counts})" + (f"; one of them: {named}" if named else ""),
             f"{fmt_ranks(odd)} "
             + (
                 "did not update parameters that the other ranks updated"

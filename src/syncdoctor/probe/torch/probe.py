@@ -35,7 +35,7 @@ from syncdoctor import settings
 from syncdoctor.probe.core import hook_points, precision, safety
 from syncdoctor.probe.core.compare import config_fingerprint, groups_fingerprint
 from syncdoctor.probe.core.evidence import LAST_LOSSES
-from syncdoctor.probe.core.fingerprint import combine
+from syncdoctor.probe.core.fingerprint import combine, to_int64
 from syncdoctor.probe.core.state import STATE
 from syncdoctor.probe.torch.canary import Canary, CanaryUnavailable
 from syncdoctor.probe.torch.check import CrossRankCheck
@@ -168,6 +168,11 @@ class Probe:
         # every in-place change, so at close it tells whether code after the last step
         # (a checkpoint loaded, EMA weights written back) changed the parameters.
         self._version_after_step = 0
+        # The parameters that held no gradient as each update read them, summed over
+        # the updates so far: (how many, a fingerprint of which, the last one named).
+        self._grads_missing = 0
+        self._grads_missing_fp = 0
+        self._grads_missing_first: str | None = None
         # what the current iteration reported
         self._losses: list[torch.Tensor | float] = []  # through probe.loss()
         self._auto_losses: list[torch.Tensor] = []  # scalars that reached backward()
@@ -512,6 +517,7 @@ class Probe:
             try:
                 if self._params:
                     self._version_after_step = self._params[0]._version
+                    self._count_missing_grads()
                 self._end_iteration(True, False)
             except SyncMismatchError:
                 raise
@@ -521,6 +527,17 @@ class Probe:
             self._updates_seen += 1  # counted here, so a probe disabled by an error still stops
             if self._updates_seen >= self.stop_after:
                 self._stop_here()
+
+    def _count_missing_grads(self) -> None:
+        """Which trainable parameters the update just read without a gradient: the
+        same on every rank in data parallelism, at every update (DDP fills a gradient
+        a rank did not produce where another rank did). Every update, not only at
+        checks: a branch some batches skip is skipped between the checks too."""
+        missing = [i for i, p in enumerate(self._params) if p.grad is None]
+        if missing:
+            self._grads_missing += len(missing)
+            self._grads_missing_fp = (self._grads_missing_fp + combine(missing)) & _U64
+            self._grads_missing_first = self._named_params[missing[0]][0]
 
     def _stop_here(self) -> None:
         """`syncdoctor experiment --steps N`: close the records (the last check is
@@ -698,14 +715,12 @@ class Probe:
             if uncovered:
                 out["uncovered_grads"] = len(uncovered)
                 out["uncovered_first"] = uncovered[0]
-        # Which parameters hold a gradient as the update reads them: the same set on
-        # every rank in data parallelism (DDP fills a gradient a rank did not produce
-        # where another rank did). A rank whose set differs updates other parameters.
-        missing = [i for i, p in enumerate(params) if p.grad is None]
-        out["grads_missing"] = len(missing)
-        if missing:
-            out["grads_missing_first"] = self._named_params[missing[0]][0]
-            out["grads_missing_fp"] = combine(missing)
+        # Summed over the updates so far (_count_missing_grads): a rank whose sum
+        # differs updated other parameters than the rest.
+        out["grads_missing"] = self._grads_missing
+        if self._grads_missing:
+            out["grads_missing_first"] = self._grads_missing_first
+            out["grads_missing_fp"] = to_int64(self._grads_missing_fp)
         tensor_fps = fingerprints(params, cache=self._views, kind="param")
         out["param_fp"] = combine(tensor_fps)
         if (self.layout is None or not self.layout.sharded) and self.opt_state_replicated:
@@ -817,6 +832,9 @@ class Probe:
         except Exception:
             pass
         safety.say(line)
+
+
+_U64 = (1 << 64) - 1
 
 
 def _model_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
