@@ -29,6 +29,7 @@ LAUNCHES = [
     (*DDP, "--steps", "23"),
     (*DDP, "--steps", "23", "--part-at", "1:22"),
     (*DDP, "--steps", "23", "--edit-after-training", "0"),
+    (*DDP, "--steps", "23", "--resume-momentum-rank", "0"),
     ("rebuild_job.py", 2, DEFAULT_CHECK_EVERY),
     ("rebuild_job.py", 2, DEFAULT_CHECK_EVERY, "--load-on-rank0-only"),
     ("unfreeze_job.py", 2, 10),
@@ -219,3 +220,12 @@ def test_a_hand_written_average_that_drops_a_missing_gradient_is_named_at_the_ba
     assert (top.code, top.category, top.ranks, top.step) == ("SD410", "sync.incomplete_reduce", [0], 1), top
     assert top.tensor is not None and top.tensor.startswith("rare_head.")
     assert "SD507" not in {f.code for f in diag.findings}
+
+
+def test_an_optimizer_state_resumed_on_one_rank_is_named_at_the_first_check(torchrun) -> None:
+    """ddp_train.py --resume-momentum-rank 0: the weights agree before the first update
+    and the reduced gradients agree at step 1, the parameters and the optimizer state do
+    not: the optimizer state (SD601), not a canary divergence or an init mismatch."""
+    diag = diagnose([torchrun("--steps", "23", "--resume-momentum-rank", "0")])
+    top = diag.findings[0]
+    assert (top.code, top.category, top.step) == ("SD601", "optim.state_mismatch", 1), [f.code for f in diag.findings]

@@ -66,18 +66,23 @@ class OptimizerStateMismatch(Rule):
         if not evidence and not ev.has_records:
             return self._from_logs(ev)
         first_step = int_of(ev.steps["step"].min()) if ev.has_records else None
+        # Parted at the first check, the weights may have differed before any update
+        # (an init mismatch) unless the fingerprints taken at the start agreed.
+        initial = ev.replicas.initial_weights() if div is not None and div.step == first_step else None
+        started_alike = initial is not None and not initial[0] and initial[1] == 1
         # "The gradients agree" only where they were measured after the parting.
         state_only = (
             div is not None
             and {"param", "opt"} & set(div.what)
             and not ({"grad", "counter", "mode", "buffer"} & set(div.what))
-            and div.step != first_step
+            and (div.step != first_step or started_alike)
             and ev.replicas.agree_after("grad", div.step) is True
         )
         if state_only and div is not None:
             evidence.append(
                 f"parameters and optimizer state part at step {div.step} while the reduced "
                 "gradients and step counters stay identical"
+                + (" (the weights agreed before the first update)" if started_alike else "")
             )
         if not evidence:
             return None

@@ -45,6 +45,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     # Every weight of RANK scaled once, after the optimizer step STEP ("0:12"): a rank-0
     # branch writing weights (an EMA copy, a checkpoint load), not a flipped bit.
     p.add_argument("--scale-all-at", default=None)
+    # A resume that loads the optimizer's state on RANK only (the momentum of a saved
+    # run, under an `if rank == 0:`): every rank starts from the same weights.
+    p.add_argument("--resume-momentum-rank", type=int, default=None)
     return p.parse_args(argv)
 
 
@@ -127,6 +130,9 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
     weight_decay = 1e-2 if rank == args.odd_weight_decay_rank else 0.0
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=weight_decay)
+    if rank == args.resume_momentum_rank:
+        for param in model.parameters():
+            optimizer.state[param]["momentum_buffer"] = torch.full_like(param, 0.01)
     nan_rank, nan_step = args.nan_at.split(":") if args.nan_at else (None, "0")
     part_rank, part_step = args.part_at.split(":") if args.part_at else (None, "0")
     scale_rank, scale_step = args.scale_all_at.split(":") if args.scale_all_at else (None, "0")
