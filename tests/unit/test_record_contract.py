@@ -47,6 +47,11 @@ TORCH_NOT_IN_SHORT_RUN = {
     },
     ("step", "replica_fps"): "sharded/hybrid jobs only",
     **{
+        ("step", name): "gradient accumulation under no_sync only (tests/e2e/probe/test_round_trip.py)"
+        for name in ("syncs", "discarded")
+    },
+    ("end", "pending_syncs"): "a rank that ends between backward and update only (tests/e2e/probe/test_round_trip.py)",
+    **{
         ("event", name): "events come from probe failures and heals (tests/e2e/probe/test_heal.py)"
         for name in contract.names("event")
     },

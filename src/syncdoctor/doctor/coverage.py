@@ -59,7 +59,12 @@ def coverage(ev: Evidence) -> list[str]:
     """The sentences that say what was and was not covered (empty: nothing to say)."""
     lines: list[str] = []
     if not ev.has_records:
-        if ev.losses.height or ev.events.all:
+        if ev.records is not None and ev.records.snapshots:
+            lines.append(
+                "the probe attached, but no rank completed an update before the job stopped: parameters, "
+                "gradients and optimizer state were never compared across ranks"
+            )
+        elif ev.losses.height or ev.events.all:
             lines.append(
                 "from logs only: parameters, gradients and optimizer state were not compared across ranks "
                 "(run under `syncdoctor run` to compare them)"

@@ -64,7 +64,11 @@ def run_rules(ev: Evidence) -> list[Finding]:
     findings = []
     for rule_cls in all_rules():
         rule = rule_cls()
-        if not ev.has_records and "logs" not in rule.sources:
+        if (
+            not ev.has_records
+            and "logs" not in rule.sources
+            and not (ev.records is not None and "ends" in rule.sources)
+        ):
             continue
         try:
             finding = rule.evaluate(ev)

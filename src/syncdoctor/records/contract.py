@@ -133,7 +133,7 @@ _STEP_FLOATS = ("t", "loss", "lr", "grad_norm", "grad_norm_local", "reduce_ratio
 STEP = (
     *_COMMON,
     _f("step", "int", "optimizer steps completed on this rank (1-based)"),
-    _f("micro", "int", "backward passes since the previous optimizer step"),
+    _f("micro", "int", "backward passes since the previous optimizer step (less `discarded` ones)"),
     _f("backward", "int", "backward passes since start"),
     _f("opt_steps", "int", "optimizer updates applied so far"),
     _f("t", "float", "unix time at the end of the step"),
@@ -167,6 +167,18 @@ STEP = (
     ),
     _f("grads_missing_first", "str", "the last of them seen, by name; absent when none", by=(TORCH,)),
     _f("grads_missing_fp", "int", "a fingerprint of which they were, update by update; absent when none", by=(TORCH,)),
+    _f(
+        "syncs",
+        "str",
+        'DDP, where not one synchronised call: per backward() call since the previous update, "s" where DDP all-reduced, "n" inside no_sync (up to 64)',
+        by=(TORCH,),
+    ),
+    _f(
+        "discarded",
+        "int",
+        "so far, absent when none: no_sync backward passes whose gradients were set to None before any update read them (not counted in micro or backward)",
+        by=(TORCH,),
+    ),
     _f(
         "param_writes",
         "int",
@@ -264,6 +276,12 @@ END = (
     _f("t", "float", "unix time"),
     _f("status", "str", '"ok", "exception" or "signal"'),
     _f("message", "str", "the exception's type and text"),
+    _f(
+        "pending_syncs",
+        "str",
+        "DDP, absent when none: the backward() calls after the last update, as `syncs` (where a hang or a crash left the rank)",
+        by=(TORCH,),
+    ),
 )
 
 KINDS: dict[str, tuple[Field, ...]] = {

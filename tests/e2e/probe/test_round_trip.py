@@ -30,6 +30,8 @@ LAUNCHES = [
     (*DDP, "--steps", "23", "--part-at", "1:22"),
     (*DDP, "--steps", "23", "--edit-after-training", "0"),
     (*DDP, "--steps", "23", "--resume-momentum-rank", "0"),
+    (*DDP, "--steps", "20", "--accumulate", "0:2"),
+    (*DDP, "--steps", "20", "--accumulate", "2"),
     ("rebuild_job.py", 2, DEFAULT_CHECK_EVERY),
     ("rebuild_job.py", 2, DEFAULT_CHECK_EVERY, "--load-on-rank0-only"),
     ("unfreeze_job.py", 2, 10),
@@ -229,3 +231,24 @@ def test_an_optimizer_state_resumed_on_one_rank_is_named_at_the_first_check(torc
     diag = diagnose([torchrun("--steps", "23", "--resume-momentum-rank", "0")])
     top = diag.findings[0]
     assert (top.code, top.category, top.step) == ("SD601", "optim.state_mismatch", 1), [f.code for f in diag.findings]
+
+
+@pytest.mark.parametrize("accumulate", ["0:2", "2"])
+def test_a_sync_schedule_that_differs_across_ranks_is_named_at_the_backward(torchrun, accumulate: str) -> None:
+    """ddp_train.py --accumulate 0:2: rank 0 alone accumulates two micro-steps under
+    no_sync. The probe records each update's sync schedule per backward call ("ns" on
+    rank 0, one synchronised call on rank 1): SD411 names the first call where they
+    differ. --accumulate 2 (every rank alike) records "ns" everywhere and is healthy."""
+    out = torchrun("--steps", "20", "--accumulate", accumulate)
+    run = read_run(out)
+    at_check = run.steps.filter(run.steps["param_fp"].is_not_null() & (run.steps["step"] == 5))
+    schedules = set(zip(at_check["rank"].to_list(), at_check["syncs"].to_list(), strict=True))
+    diag = diagnose([out])
+    if accumulate == "2":
+        assert schedules == {(0, "ns"), (1, "ns")}
+        assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
+        return
+    assert schedules == {(0, "ns"), (1, None)}  # one synchronised call: absent
+    top = diag.findings[0]
+    assert (top.code, top.category, top.step, top.ranks) == ("SD411", "sync.step_misalignment", 1, [0, 1]), top
+    assert "backward call 1 of update 1" in top.evidence[0]

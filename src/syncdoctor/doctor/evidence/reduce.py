@@ -24,6 +24,27 @@ class GradientsApart:
     first: dict[int, str]  # rank -> the last of them, by name (ranks that missed none: absent)
 
 
+@dataclass(frozen=True)
+class SyncApart:
+    """The first backward() call at which the ranks disagreed about whether DDP
+    all-reduces (probe fields syncs, pending_syncs): the update it was for, the call's
+    place in it, each rank's flag there and each rank's schedule for that update."""
+
+    step: int  # the update the calls were for
+    call: int  # 1-based: the first call whose flag differs
+    synced: dict[int, bool]  # rank -> whether that call all-reduced
+    schedules: dict[int, str]  # rank -> its calls for that update ("s" synchronised, "n" no_sync)
+    at_end: bool  # from the end records: the calls after each rank's last update
+
+
+def _first_apart(schedules: dict[int, str]) -> int | None:
+    """The first call index (0-based) where two ranks' schedules hold different flags."""
+    for call in range(min(map(len, schedules.values()), default=0)):
+        if len({s[call] for s in schedules.values()}) > 1:
+            return call
+    return None
+
+
 class Reduce(Facet):
     """``ev.reduce``: what the gradient reduction did."""
 
@@ -108,3 +129,38 @@ class Reduce(Facet):
         names = at["grads_missing_first"] if "grads_missing_first" in at.columns else [None] * at.height
         first = {int(r): str(n) for r, n in zip(at["rank"], names, strict=True) if n is not None}
         return GradientsApart(step, since, missing, first)
+
+    @cached_property
+    def sync_apart(self) -> SyncApart | None:
+        """Where the ranks' sync schedules first differ: at a check step (every rank
+        records its update's schedule there), else in the calls after each rank's last
+        update as its end record left them (a hang in a synchronised backward)."""
+        if self.ev.records is None:
+            return None
+        steps = self.ev.steps
+        if self.ev.has_records and "syncs" in steps.columns and "param_fp" in steps.columns:
+            checked = steps.filter(pl.col("param_fp").is_not_null() & pl.col("micro").is_not_null())
+            for (step,), rows in checked.group_by("step", maintain_order=True):
+                schedules = {
+                    int(r): s if s is not None else "s"
+                    for r, s, m in zip(rows["rank"], rows["syncs"], rows["micro"], strict=True)
+                    if s is not None or m == 1  # absent: one synchronised call (more: not observed)
+                }
+                call = _first_apart(schedules) if len(schedules) > 1 else None
+                if call is not None:
+                    return self._apart(int_of(step), call, schedules, at_end=False)
+        ends = self.ev.records.ends
+        pending = {r: e for r, e in ends.items() if e.get("pending_syncs")}
+        by_step: dict[int, dict[int, str]] = {}
+        for r, end in pending.items():
+            by_step.setdefault(int(end.get("step") or 0), {})[int(r)] = str(end["pending_syncs"])
+        for step, schedules in sorted(by_step.items()):
+            call = _first_apart(schedules) if len(schedules) > 1 else None
+            if call is not None:
+                return self._apart(step + 1, call, schedules, at_end=True)
+        return None
+
+    @staticmethod
+    def _apart(step: int, call: int, schedules: dict[int, str], at_end: bool) -> SyncApart:
+        synced = {r: s[call] == "s" for r, s in schedules.items()}
+        return SyncApart(step, call + 1, synced, schedules, at_end)

@@ -18,7 +18,9 @@ class Rule(Entry):
     category: ClassVar[str]
     severity: ClassVar[Severity] = "error"
     title: ClassVar[str]
-    # What the rule can work from: "records" (probe records), "logs" (raw logs).
+    # What the rule can work from: "records" (probe records with steps), "ends" (the
+    # probe's end records alone: a job that stopped before its first update), "logs"
+    # (raw logs).
     sources: ClassVar[tuple[str, ...]] = ("records",)
 
     def evaluate(self, ev: Evidence) -> Finding | None:

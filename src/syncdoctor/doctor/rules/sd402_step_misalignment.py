@@ -80,8 +80,21 @@ class StepMisalignment(Rule):
             evidence.append(f"parameters/optimizer state part at step {div.step}")
         elif div:
             evidence.append("parameters stay identical: the extra work is silent (only counters reveal it)")
+        discarded = self._discarded(ev)
+        if discarded:
+            evidence.append(
+                "not counted as micro-steps: no_sync backward passes whose gradients zero_grad threw away before "
+                "any update read them (" + ", ".join(f"{n} on rank {r}" for r, n in sorted(discarded.items())) + ")"
+            )
         confidence = 0.6 if ev.numerics.overflow_disagreement else 0.9
         return self.found(confidence, evidence, ranks=sorted(ranks), step=step, tensor=div.tensor if div else None)
+
+    @staticmethod
+    def _discarded(ev: Evidence) -> dict[int, int]:
+        """Per rank, the no_sync backward passes the probe left out of the counters
+        (probe field discarded): a trailing batch dropped by zero_grad."""
+        most = ev.steps.group_by("rank").agg(pl.col("discarded").max().alias("n")).drop_nulls()
+        return {int(r): int(n) for r, n in most.iter_rows() if n}
 
     def _from_logs(self, ev: Evidence) -> Finding | None:
         p = ev.settings.log_partings.get("counter")

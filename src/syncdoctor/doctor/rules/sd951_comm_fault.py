@@ -79,6 +79,14 @@ class CommunicationFault(Rule):
                 # From logs: a rank at the same step that never waited nor failed left
                 # the loop normally; the closed connection followed (SD402 says so).
                 confidence = min(confidence, 0.6)
+            if ev.reduce.sync_apart is not None:
+                # Upstream of the collective: the ranks disagreed about which backward
+                # all-reduces (SD411), so their collectives could not pair.
+                confidence = min(confidence, 0.45)
+                evidence.append(
+                    "but the ranks disagreed about which micro-steps synchronise before it: the timeouts are the "
+                    "consequence"
+                )
             crashed_first = first_process_failure(ev.events.all)
             if crashed_first is not None:
                 confidence = 0.45  # a peer died first: the timeouts are its consequence

@@ -53,6 +53,7 @@ __all__ = ["DEFAULT_CHECK_EVERY", "DEFAULT_RUN_DIR", "NullProbe", "Probe", "Sync
 
 DETAIL_EVERY = 100  # the full state and the diagnostics: at least this many steps apart
 CLOSE_WAIT_S = 5.0  # at close, the last check's wait: the end of a run must not hang on it
+MAX_SYNCS = 64  # backward calls of one update whose sync flag is kept
 
 
 def _ddp_class() -> type[torch.nn.parallel.DistributedDataParallel]:
@@ -163,6 +164,14 @@ class Probe:
         self.opt_steps = 0
         self.backward = 0
         self._backward_at_last_step = 0
+        # The sync schedule, per backward() call since the last update: "s" where DDP
+        # all-reduced its gradients, "n" inside no_sync (DDP wrappers only; bounded).
+        # Which micro-steps synchronise must be the same on every rank: a rank that
+        # synchronises where another does not pairs its all-reduce with the wrong one.
+        self._syncs = ""
+        # no_sync backward passes whose gradients were thrown away (zero_grad) before
+        # any update read them: not counted as micro-steps of the next update.
+        self._discarded = 0
         self._last_measured_step = 0
         # The first parameter's version counter after the last step: torch bumps it at
         # every in-place change, so at close it tells whether code after the last step
@@ -424,6 +433,9 @@ class Probe:
                     self._guard(self._check_at_close)
                 self.checker.finish(min(CLOSE_WAIT_S, self.checker.timeout_s))
             if ended:
+                # What this rank was doing after its last update: the backward calls
+                # of the next one, where a hang or a crash leaves them.
+                pending = {"pending_syncs": self._syncs} if self._syncs else {}
                 self.writer.write(
                     contract.KIND_END,
                     rank=self.rank,
@@ -431,6 +443,7 @@ class Probe:
                     t=time.time(),
                     status=status,
                     message=message[:2000],
+                    **pending,
                 )
         except Exception:
             pass
@@ -461,13 +474,26 @@ class Probe:
             self.close()
 
     # ------------------------------------------------------------------ hooks
-    def _on_backward(self, _param: torch.Tensor, _incoming: torch.Tensor | None) -> None:
+    def _on_backward(self, param: torch.Tensor, _incoming: torch.Tensor | None) -> None:
+        pending = self.backward - self._backward_at_last_step
+        if pending and param.grad is None:
+            # The gradients of this update's earlier micro-steps were set to None
+            # (zero_grad) before any update read them: they were discarded. Where every
+            # one of them ran inside no_sync, no collective paired with them, so they are
+            # no micro-steps of this update (a trailing batch dropped this way is healthy).
+            earlier = self._syncs[:-1]
+            if len(earlier) == pending and set(earlier) == {"n"}:
+                self.backward -= pending
+                self._discarded += pending
+                self._syncs = self._syncs[-1:]
         self.backward += 1
 
     def on_backward_call(self, loss: torch.Tensor) -> None:
         """Zero-code mode: a scalar passed to backward() is this micro-step's loss."""
         if not self.disabled:
             self._auto_losses.append(loss.detach())
+            if self._wrapper is not None and len(self._syncs) < MAX_SYNCS:
+                self._syncs += "s" if getattr(self._wrapper, "require_backward_grad_sync", True) else "n"
 
     def _on_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         # Inside DDP's forward, after it broadcast rank 0's buffers: the moment buffers must match.
@@ -555,6 +581,7 @@ class Probe:
         backward = self.backward
         micro = backward - self._backward_at_last_step
         self._backward_at_last_step = backward
+        syncs, self._syncs = self._syncs, ""
         now = time.time()
         loss = self._mean_loss()
         lr = self._lr()
@@ -565,7 +592,7 @@ class Probe:
             self._auto_losses = []
         # (Input fingerprints and ids come with measuring or with data fingerprints.)
         if self._measuring or self._data_fps or self._acts or overflow or self._loss_scale is not None:
-            self._end_full_iteration(step, micro, now, loss, lr, overflow)
+            self._end_full_iteration(step, micro, now, loss, lr, overflow, syncs)
             return
         # Most steps: nothing but counters, loss and lr, a memory copy into the record
         # writer's tail. This runs every step, and after the model's own work all of
@@ -582,7 +609,7 @@ class Probe:
         ]
 
     def _end_full_iteration(
-        self, step: int, micro: int, now: float, loss: float | None, lr: float | None, overflow: bool
+        self, step: int, micro: int, now: float, loss: float | None, lr: float | None, overflow: bool, syncs: str = ""
     ) -> None:
         data_fps, samples = (
             (self._data_fps, self._samples) if self._data_fps else (self._input_fps, self._input_samples)
@@ -603,6 +630,10 @@ class Probe:
         if data_fps:
             record["samples"] = samples
             record["data_fp"] = combine(data_fps)
+        if syncs and syncs != "s":
+            record["syncs"] = syncs
+        if self._discarded:
+            record["discarded"] = self._discarded
         if self._loss_scale is not None:
             record["loss_scale"] = self._loss_scale
             record["overflow"] = overflow

@@ -1,7 +1,9 @@
 """An ordinary DDP training script, with no syncdoctor in it: what `syncdoctor run`
 must attach to. Options used by the tests: --exit-code (end with that code),
---comm-hook (register the script's own DDP comm hook), --steps, --seed, and the
-silent bugs --odd-weight-decay-rank R and --nan-at RANK:STEP.
+--comm-hook (register the script's own DDP comm hook), --steps, --seed,
+--accumulate N (N micro-steps per update, the first N-1 under `no_sync`), and the
+silent bugs --odd-weight-decay-rank R, --nan-at RANK:STEP and --accumulate RANK:N
+(that rank alone accumulates N micro-steps: a per-node config that drifted).
 
 With SYNCDOCTOR_TEST_PAUSE="where:rank:step" (kill tests only) one rank stops at a
 chosen point (mid-record, just before the check, inside the comm hook), writes
@@ -11,6 +13,7 @@ SYNCDOCTOR_TEST_MARKER and sleeps until the test SIGKILLs it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -48,6 +51,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     # A resume that loads the optimizer's state on RANK only (the momentum of a saved
     # run, under an `if rank == 0:`): every rank starts from the same weights.
     p.add_argument("--resume-momentum-rank", type=int, default=None)
+    p.add_argument("--accumulate", default="1")
     return p.parse_args(argv)
 
 
@@ -136,16 +140,25 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
     nan_rank, nan_step = args.nan_at.split(":") if args.nan_at else (None, "0")
     part_rank, part_step = args.part_at.split(":") if args.part_at else (None, "0")
     scale_rank, scale_step = args.scale_all_at.split(":") if args.scale_all_at else (None, "0")
+    accumulate_rank, accumulate = args.accumulate.split(":") if ":" in args.accumulate else (str(rank), args.accumulate)
+    micro_steps = int(accumulate) if accumulate_rank == str(rank) else 1
+    micro = 0
     epoch = 0
     while state["step"] < args.steps:
         sampler.set_epoch(epoch)
         for x, y in loader:
-            loss = loss_fn(model(x), y)
-            if nan_rank in ("all", str(rank)) and state["step"] + 1 >= int(nan_step):
-                loss = loss * float("nan")
-            optimizer.zero_grad()
-            loss.backward()
+            micro += 1
+            last_micro = micro == micro_steps
+            with contextlib.nullcontext() if last_micro else model.no_sync():
+                loss = loss_fn(model(x), y)
+                if nan_rank in ("all", str(rank)) and state["step"] + 1 >= int(nan_step):
+                    loss = loss * float("nan")
+                loss.backward()
+            if not last_micro:
+                continue
+            micro = 0
             optimizer.step()
+            optimizer.zero_grad()
             state["step"] += 1
             if part_rank == str(rank) and state["step"] >= int(part_step):
                 with torch.no_grad():

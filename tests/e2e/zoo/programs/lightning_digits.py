@@ -16,17 +16,25 @@ or under `python -m torch.distributed.run --nproc-per-node 2`.
                    step with different learning rates.
                    https://github.com/Lightning-AI/pytorch-lightning/pull/15304 (lr finder
                    under DDP), https://github.com/huggingface/accelerate/issues/94
+  accumulate_rank0 `accumulate_grad_batches` from a per-node setting only rank 0 has
+                   (2, the others 1): the ranks disagree about which micro-steps
+                   all-reduce and hang in the first synchronised backward until the
+                   process group's timeout (20 s here). Not a zoo scenario (a hang costs
+                   the CI its timeout): the source of tests/rules/SD411/fire_hang.
 --syncdoctor DIR adds syncdoctor's Lightning callback (the one-line attach).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+from datetime import timedelta
 
 import lightning as L
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader
 from user_ops import record, user_moment
@@ -109,10 +117,13 @@ def main() -> None:
         from syncdoctor.probe.integrations.lightning import SyncDoctorCallback
 
         callbacks.append(SyncDoctorCallback(args.syncdoctor, check_every=args.check_every))
+    accumulate = 2 if args.bug == "accumulate_rank0" and os.environ.get("LOCAL_RANK", "0") == "0" else 1
+    strategy = DDPStrategy(timeout=timedelta(seconds=20)) if args.bug == "accumulate_rank0" else "ddp"
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
-        strategy="ddp",
+        strategy=strategy,
+        accumulate_grad_batches=accumulate,
         max_steps=args.steps,
         logger=False,
         enable_checkpointing=False,
