@@ -38,6 +38,7 @@ LAUNCHES = [
     ("unfreeze_job.py", 2, 10, "--unfreeze-before-wrap"),
     ("unfreeze_job.py", 2, 10, "--unfreeze-before-wrap", "--learnable-temperature"),
     ("join_job.py", 2, 5),
+    ("join_job.py", 2, 5, "--no-join"),
     ("hand_average_job.py", 2, 5),
     ("hand_average_job.py", 2, 5, "--write-back"),
 ]
@@ -47,7 +48,8 @@ def launch(key: tuple, folder: Path) -> Path:
     script, nproc, check_every, *args = key
     out = folder / "run"
     proc = torchrun_syncdoctor(out, script, *args, nproc=nproc, extra=("--check-every", str(check_every)))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    if "--no-join" not in args:  # the one launch that must fail: a rank waits for one that left
+        assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
 
@@ -252,3 +254,16 @@ def test_a_sync_schedule_that_differs_across_ranks_is_named_at_the_backward(torc
     top = diag.findings[0]
     assert (top.code, top.category, top.step, top.ranks) == ("SD411", "sync.step_misalignment", 1, [0, 1]), top
     assert "backward call 1 of update 1" in top.evidence[0]
+
+
+def test_uneven_inputs_without_join_are_named_as_updates_the_ranks_did_not_share(launched) -> None:
+    """join_job.py --no-join: rank 1 runs out of batches after update 20 and leaves;
+    rank 0 is then inside update 21's synchronised backward and fails waiting for it.
+    The end records say so (SD402, rank 0 named), and the closed connection is not the
+    cause (SD951 below it)."""
+    diag = diagnose([launched(("join_job.py", 2, 5, "--no-join"))])
+    top = diag.findings[0]
+    assert (top.code, top.category, top.step, top.ranks) == ("SD402", "sync.step_misalignment", 21, [0]), [
+        (f.code, f.confidence, f.evidence) for f in diag.findings
+    ]
+    assert "inside update 21" in " ".join(top.evidence)

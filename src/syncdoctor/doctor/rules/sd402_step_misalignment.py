@@ -50,7 +50,7 @@ class StepMisalignment(Rule):
         micro = ev.replicas.micro_by_rank
         uneven_micro = len(set(micro.values())) > 1
         if not (div and "counter" in div.what) and not uneven_micro:
-            return self._from_logs(ev) if not ev.has_records else None
+            return self._from_logs(ev) if not ev.has_records else self._left_while_others_waited(ev)
         evidence = []
         ranks = set(div.ranks if div else [])
         step = div.step if div else None
@@ -110,6 +110,50 @@ class StepMisalignment(Rule):
             ranks=agreement({r: repr(v) for r, v in p.values.items()}).odd,
             step=p.step,
             direct=True,
+        )
+
+    def _left_while_others_waited(self, ev: Evidence) -> Finding | None:
+        """From the end records: some ranks left training normally after their last
+        update while the others were still inside the next one (a backward that
+        all-reduces, by `pending_syncs`) or further on, and ended waiting for them.
+        The ranks did not run the same number of updates: the ones still training had
+        more batches (uneven data per rank), and their timeout is the consequence."""
+        ends = ev.records.ends if ev.records is not None else {}
+        done = {r: int(e.get("step") or 0) for r, e in ends.items() if e.get("status") == "ok"}
+        stuck = {r: e for r, e in ends.items() if e.get("status") == "exception"}
+        if not done or not stuck or not ev.events.of("timeout", "watchdog", "network"):
+            return None
+        last = max(done.values())
+        on = {
+            r: e for r, e in stuck.items() if int(e.get("step") or 0) > last or "s" in str(e.get("pending_syncs") or "")
+        }
+        if not on or any(int(e.get("step") or 0) < last for e in stuck.values()):
+            return None
+        evidence = [
+            f"{fmt_ranks(sorted(done))} left training normally after update {last}",
+        ]
+        for r, end in sorted(on.items()):
+            step = int(end.get("step") or 0)
+            pending = str(end.get("pending_syncs") or "")
+            where = (
+                f"inside update {step + 1} (backward calls {pending!r}, s: DDP all-reduced)"
+                if pending
+                else f"after update {step}"
+            )
+            evidence.append(f"rank {r} was still training, {where}, and ended on: {str(end.get('message'))[:120]}")
+        evidence.append(
+            "the ranks did not run the same number of updates: the ones still training had more batches "
+            "(a dataset or sampler that does not give every rank the same number); the timeout or closed "
+            "connection they then met is the consequence"
+        )
+        direct = any(e.get("pending_syncs") for e in on.values())
+        return self.found(
+            0.85 if direct else 0.75,
+            evidence,
+            ranks=sorted(on),
+            step=last + 1,
+            direct=direct,
+            title="The ranks ran different numbers of updates: some left while the others still trained",
         )
 
     @staticmethod
