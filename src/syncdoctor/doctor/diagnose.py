@@ -20,6 +20,7 @@ from syncdoctor.records import RecordError, read_run
 from syncdoctor.records.reader import is_run_dir
 from syncdoctor.rulebook import SEVERITIES
 
+RUN_META = "run.json"  # what `syncdoctor run` writes first in its folder (probe/run/launcher.py)
 # Categories that say "not the collaboration between cards".
 NOT_SYNC = {"healthy", "train.divergence", "hparam.lr_scaling", "config.launch"}
 _SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
@@ -45,12 +46,23 @@ def load_evidence(paths: Sequence[str | Path]) -> Evidence:
                 if "schema version" in str(exc):
                     raise InputError(str(exc)) from exc
                 warnings.append(str(exc))
+    # A `syncdoctor run` folder in which no rank attached holds no records and no rank
+    # logs: that is what was observed (nothing), an inconclusive diagnosis, not bad input.
+    unattached = [Path(p) for p in paths if Path(p).is_dir() and (Path(p) / RUN_META).is_file()]
     try:
         logs = ingest_logs([Path(p) for p in paths])
     except InputError:
-        if records is None:
+        if records is None and not unattached:
             raise
         logs = None
+    if records is None and (logs is None or not logs.n_lines) and unattached:
+        warnings.append(
+            f"{unattached[0]}: a `syncdoctor run` folder in which no rank attached, so nothing was recorded: no "
+            "process of the command started a process group or took an optimizer step as a rank (a launcher "
+            "that starts one process, such as `accelerate launch --cpu`, or a run that ended before its first "
+            "step); nothing here says whether training was healthy"
+        )
+        return Evidence(records=None, logs=None, warnings=warnings)
     # A log with no loss and no event is still a log: the doctor says what it holds
     # and what would tell (SD991, inconclusive). Only input with no text is an error.
     if records is None and (logs is None or not logs.n_lines):

@@ -69,3 +69,25 @@ def test_one_rank_without_loss_is_not_a_gap_of_the_job(tmp_path: Path) -> None:
     diag = diagnose([str(run)])
     assert diag.verdict == "healthy"
     assert not any("loss was recorded" in line for line in diag.coverage)
+
+
+def test_a_run_folder_where_no_rank_attached_is_inconclusive_not_an_input_error(tmp_path: Path) -> None:
+    """`syncdoctor run` around a command that never became a rank (here one that is no
+    Python at all; `accelerate launch --cpu` starts one process) leaves run.json and no
+    records: nothing was observed, and the diagnosis says that instead of failing on it."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from syncdoctor.errors import InputError
+
+    out = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "syncdoctor", "run", "--out", str(out), "--", "true"], check=True)
+    diag = diagnose([out])
+    assert diag.verdict == "inconclusive" and not diag.findings, diag.findings
+    assert any("no rank attached, so nothing was recorded" in w for w in diag.warnings), diag.warnings
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError):
+        diagnose([empty])

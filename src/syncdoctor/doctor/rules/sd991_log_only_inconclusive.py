@@ -34,8 +34,8 @@ class LogOnlyInconclusive(Rule):
     sources = ("logs",)
 
     def evaluate(self, ev: Evidence) -> Finding | None:
-        if ev.has_records or len(ev.ranks) > 1 or ev.events.of(*_FAILURES):
-            return None
+        if ev.has_records or ev.logs is None or len(ev.ranks) > 1 or ev.events.of(*_FAILURES):
+            return None  # (no logs and no records: a run folder where nothing was recorded says so itself)
         seen = f"the loss of rank {ev.ranks[0]} only" if ev.ranks else "no per-rank training loss"
         evidence = [f"this log holds {seen} and no failure a rule could name: replicas cannot be compared from it"]
         evidence.extend(_holdings(ev))
