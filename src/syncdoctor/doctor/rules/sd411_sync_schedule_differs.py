@@ -22,8 +22,8 @@ class SyncScheduleDiffers(Rule):
     whatever collective the other rank makes next (the wrong micro-step's, a
     broadcast, none at all).
 
-    **Quick check:** print `model.require_backward_grad_sync` before every
-    `backward()` on every rank: the sequences differ.
+    **Quick check:** print `model.require_backward_grad_sync` at every forward of
+    the DDP model on every rank: the sequences differ.
 
     **Fix:** give every rank the same accumulation schedule: one config that every
     node reads alike (or broadcast rank 0's value at start-up), and a `no_sync`

@@ -493,7 +493,10 @@ class Probe:
         if not self.disabled:
             self._auto_losses.append(loss.detach())
             if self._wrapper is not None and len(self._syncs) < MAX_SYNCS:
-                self._syncs += "s" if getattr(self._wrapper, "require_backward_grad_sync", True) else "n"
+                # What DDP decided at this backward's forward (it prepares its reducer there
+                # from require_backward_grad_sync and notes the decision here): a flag set
+                # between the forward and backward() changes nothing, and is not read.
+                self._syncs += "s" if getattr(self._wrapper, "require_forward_param_sync", True) else "n"
 
     def _on_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         # Inside DDP's forward, after it broadcast rank 0's buffers: the moment buffers must match.
