@@ -45,6 +45,22 @@ def _help(*args: str) -> str:
     return out.getvalue()
 
 
+def test_a_command_parsed_alone_is_parsed_as_in_the_whole_parser():
+    """`main` builds only the parser of the command it was given (`syncdoctor run`
+    starts before every job it watches): that parser takes the same options, with the
+    same help, as the whole one, and `COMMANDS` names every command the help lists."""
+    from syncdoctor.cli.app import COMMANDS
+
+    whole = dict(_parsers(build_parser()))
+    assert sorted(p.removeprefix("syncdoctor ") for p in whole if p.count(" ") == 1) == sorted(COMMANDS)
+    for name in COMMANDS:
+        alone = dict(_parsers(build_parser(name)))
+        assert sorted(alone) == sorted(p for p in whole if p == "syncdoctor" or p.startswith(f"syncdoctor {name}"))
+        for path, parser in alone.items():
+            if path != "syncdoctor":
+                assert parser.format_help() == whole[path].format_help(), path
+
+
 def test_every_command_and_option_has_help_text():
     parser = build_parser()
     missing = []
