@@ -162,7 +162,13 @@ def _portable(text: str) -> str:
 
 def finding_text(finding: Finding) -> str:
     lines = [f"{finding.code} {finding.title}"]
-    lines += [f"ranks: {finding.ranks}", f"step: {finding.step}", f"tensor: {finding.tensor}", "evidence:"]
+    lines += [
+        f"ranks: {finding.ranks}",
+        f"step: {finding.step}",
+        f"tensor: {finding.tensor}",
+        f"stage: {finding.stage}",
+        "evidence:",
+    ]
     lines += [f"- {e}" for e in finding.evidence]
     lines += ["fix:", finding.fix]
     return _portable("\n".join(lines)) + "\n"

@@ -16,7 +16,7 @@ from syncdoctor.doctor.rules import all_rules
 from syncdoctor.doctor.run_facts import run_facts
 from syncdoctor.doctor.series import downsample
 from syncdoctor.errors import InputError
-from syncdoctor.records import RecordError, read_run
+from syncdoctor.records import RecordError, read_run, stages
 from syncdoctor.records.reader import is_run_dir
 from syncdoctor.rulebook import SEVERITIES
 
@@ -89,7 +89,17 @@ def run_rules(ev: Evidence) -> list[Finding]:
             continue
         if finding is not None:
             findings.append(finding)
-    return sorted(findings, key=lambda f: (_SEVERITY_ORDER[f.severity], -f.confidence, not f.direct, f.code))
+    return ranked(findings)
+
+
+def ranked(findings: list[Finding]) -> list[Finding]:
+    """Most severe first, then most likely; of equally likely causes, the one observed,
+    then the one earliest in the step's dataflow (records/stages.py): every stage
+    after a broken one differs too."""
+    return sorted(
+        findings,
+        key=lambda f: (_SEVERITY_ORDER[f.severity], -f.confidence, not f.direct, stages.order(f.stage), f.code),
+    )
 
 
 def verdict_for(ev: Evidence, findings: list[Finding]) -> Verdict:

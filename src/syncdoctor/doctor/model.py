@@ -99,6 +99,9 @@ class Finding:
     # The cause itself was observed (a setting seen different at start), not inferred
     # from its consequence: it ranks first among findings as likely.
     direct: bool = False
+    # The stage of the data-parallel contract the rule tests (records/stages.py): where
+    # in the step's dataflow the cause sits.
+    stage: str | None = None
 
 
 @dataclass

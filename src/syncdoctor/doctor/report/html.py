@@ -43,6 +43,7 @@ from syncdoctor.doctor.report.common import (
     summarize_events,
 )
 from syncdoctor.doctor.series import downsample
+from syncdoctor.records import stages
 from syncdoctor.rulebook import SEVERITIES, fmt_ranks
 
 # The public API: the two renderers, and the pieces another HTML page built on this
@@ -202,6 +203,7 @@ def _finding_html(f: Finding, top: bool) -> str:
         ("confidence", f"{fmt_num(f.confidence * 100, 3)} %"),
         ("step", f.step),
         ("ranks", fmt_ranks(f.ranks) if f.ranks else None),
+        ("stage", stages.name(f.stage)),
         ("tensor", f.tensor),
     ]
     dl = "".join(f"<dt>{k}</dt><dd>{escape_text(v, limit=300)}</dd>" for k, v in facts if v is not None)

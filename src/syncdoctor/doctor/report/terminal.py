@@ -32,6 +32,7 @@ from syncdoctor.doctor.report.common import (
     shapes_by_rank,
     summarize_events,
 )
+from syncdoctor.records import stages
 from syncdoctor.rulebook import fmt_ranks
 
 _MAX_RANK_ROWS = 32  # beyond this, show only ranks that need attention
@@ -140,6 +141,8 @@ def _finding_meta(f: Finding) -> Text:
         meta.append(f"  step {f.step}")
     if f.ranks:
         meta.append(f"  {fmt_ranks(f.ranks)}")
+    if stages.name(f.stage):
+        meta.append(f"  stage: {stages.name(f.stage)}", style="cyan")
     if f.tensor:
         meta.append("  tensor " + clean(f.tensor, oneline=True, limit=120), style="italic")
     return meta

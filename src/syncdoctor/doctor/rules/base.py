@@ -22,6 +22,9 @@ class Rule(Entry):
     # probe's end records alone: a job that stopped before its first update), "logs"
     # (raw logs).
     sources: ClassVar[tuple[str, ...]] = ("records",)
+    # The stage of the data-parallel contract it tests (records/stages.py: a stage's key,
+    # or what lies outside one step's dataflow); every rule names one.
+    stage: ClassVar[str]
 
     def evaluate(self, ev: Evidence) -> Finding | None:
         raise NotImplementedError
@@ -50,6 +53,7 @@ class Rule(Entry):
             evidence=evidence,
             fix=self.fix_text(),
             direct=direct,
+            stage=self.stage,
         )
 
     @classmethod
@@ -61,5 +65,6 @@ class Rule(Entry):
             "severity": cls.severity,
             "title": cls.title,
             "sources": list(cls.sources),
+            "stage": cls.stage,
             **super().docs(),
         }

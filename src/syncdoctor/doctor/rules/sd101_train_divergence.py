@@ -30,6 +30,7 @@ class TrainDivergence(Rule):
     code = "SD101"
     name = "train-divergence"
     category = "train.divergence"
+    stage = "training"
     title = "Loss diverges on every rank in lockstep: not a sync problem"
     sources = ("records", "logs")
 

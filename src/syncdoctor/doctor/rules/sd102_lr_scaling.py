@@ -27,6 +27,7 @@ class LrNotScaled(Rule):
     code = "SD102"
     name = "lr-not-scaled"
     category = "hparam.lr_scaling"
+    stage = "training"
     severity = "warning"
     title = "Learning rate not scaled to the global batch"
 

@@ -27,6 +27,7 @@ class BaselineSameProblem(Rule):
     code = "SD105"
     name = "baseline-same-problem"
     category = "train.divergence"
+    stage = "training"
     title = "The baseline run shows the same problem: not the parallel part"
     sources = ("records", "logs")
 

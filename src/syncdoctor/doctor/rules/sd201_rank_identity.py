@@ -31,6 +31,7 @@ class DuplicateRankIdentity(Rule):
     code = "SD201"
     name = "duplicate-rank-identity"
     category = "config.rank_identity"
+    stage = "launch"
     title = "Two processes took the same rank id"
     sources = ("records", "logs")
 

@@ -44,6 +44,7 @@ class DeviceCollision(Rule):
     code = "SD202"
     name = "device-collision"
     category = "env.device"
+    stage = "launch"
     title = "Two ranks use the same device"
     sources = ("records", "logs")
 

@@ -57,6 +57,7 @@ class LaunchConfiguration(Rule):
     code = "SD203"
     name = "launch-configuration"
     category = "config.launch"
+    stage = "launch"
     title = "The job's launch configuration is wrong"
     sources = ("logs",)
 

@@ -28,6 +28,7 @@ class UnseededShuffle(Rule):
     code = "SD301"
     name = "unseeded-shuffle"
     category = "data.seed"
+    stage = "data"
     title = "Shards overlap: ranks shuffle with different seeds"
 
     def evaluate(self, ev: Evidence) -> Finding | None:

@@ -24,6 +24,7 @@ class UnshardedData(Rule):
     code = "SD302"
     name = "unsharded-data"
     category = "data.sharding"
+    stage = "data"
     title = "Data not sharded: every rank reads the same batches"
     sources = ("records", "logs")
 

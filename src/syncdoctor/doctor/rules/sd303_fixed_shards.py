@@ -25,6 +25,7 @@ class ShuffleAfterShard(Rule):
     code = "SD303"
     name = "shuffle-after-shard"
     category = "data.sharding"
+    stage = "data"
     severity = "warning"
     title = "Shuffle after shard: every rank reads a fixed slice of the data"
 

@@ -34,6 +34,7 @@ class UnevenShards(Rule):
     code = "SD304"
     name = "uneven-shards"
     category = "data.sharding"
+    stage = "data"
     title = "Uneven shards: ranks run different step counts"
     sources = ("records", "logs")
 

@@ -29,6 +29,7 @@ class StartSeedDiffers(Rule):
     code = "SD305"
     name = "start-seed-differs"
     category = "data.seed"
+    stage = "data"
     severity = "warning"
     title = "The ranks print different seeds at start"
     sources = ("logs",)

@@ -42,6 +42,7 @@ class StepMisalignment(Rule):
     code = "SD402"
     name = "step-misalignment"
     category = "sync.step_misalignment"
+    stage = "sync_schedule"
     title = "Step counters differ across ranks"
     sources = ("records", "logs")
 

@@ -57,6 +57,7 @@ class CollectiveMismatch(Rule):
     code = "SD404"
     name = "collective-mismatch"
     category = "sync.control_flow"
+    stage = "sync_schedule"
     title = "Ranks issued different collectives"
     sources = ("records", "logs")
 

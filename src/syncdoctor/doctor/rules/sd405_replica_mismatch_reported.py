@@ -31,6 +31,7 @@ class ReplicaMismatchReported(Rule):
     code = "SD405"
     name = "replica-mismatch-reported"
     category = "sync.incomplete_reduce"
+    stage = "params"
     title = "Logs report replicas out of sync"
     sources = ("logs",)
 

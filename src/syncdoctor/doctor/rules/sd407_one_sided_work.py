@@ -32,6 +32,7 @@ class OneSidedWorkBeforeTimeout(Rule):
     code = "SD407"
     name = "one-sided-work-before-timeout"
     category = "sync.control_flow"
+    stage = "sync_schedule"
     title = "A collective timed out while one rank was busy with its own work"
     sources = ("logs",)
 

@@ -29,6 +29,7 @@ class RankOnlyFields(Rule):
     code = "SD408"
     name = "rank-only-fields"
     category = "sync.control_flow"
+    stage = "sync_schedule"
     severity = "warning"
     title = "Ranks print different fields on the same step line: a rank-conditional branch"
     sources = ("logs",)

@@ -35,6 +35,7 @@ class UncoveredGradients(Rule):
     code = "SD409"
     name = "uncovered-gradients"
     category = "sync.incomplete_reduce"
+    stage = "reducer"
     title = "Gradients that no all-reduce averages: parameters trained outside DDP's reducer"
 
     def evaluate(self, ev: Evidence) -> Finding | None:

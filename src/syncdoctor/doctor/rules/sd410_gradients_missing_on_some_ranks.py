@@ -34,6 +34,7 @@ class GradientsMissingOnSomeRanks(Rule):
     code = "SD410"
     name = "gradients-missing-on-some-ranks"
     category = "sync.incomplete_reduce"
+    stage = "backward"
     title = "Gradients missing on some ranks: the ranks update different parameters"
 
     def evaluate(self, ev: Evidence) -> Finding | None:

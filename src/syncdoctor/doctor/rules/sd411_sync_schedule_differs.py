@@ -33,6 +33,7 @@ class SyncScheduleDiffers(Rule):
     code = "SD411"
     name = "sync-schedule-differs"
     category = "sync.step_misalignment"
+    stage = "sync_schedule"
     title = "Ranks disagree about which micro-steps synchronise"
     sources = ("records", "ends")
 

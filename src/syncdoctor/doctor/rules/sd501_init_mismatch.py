@@ -30,6 +30,7 @@ class InitMismatch(Rule):
     code = "SD501"
     name = "init-mismatch"
     category = "model.init_mismatch"
+    stage = "init"
     title = "Replicas started from different weights"
 
     def evaluate(self, ev: Evidence) -> Finding | None:

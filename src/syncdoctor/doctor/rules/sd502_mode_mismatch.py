@@ -26,6 +26,7 @@ class ModeMismatch(Rule):
     code = "SD502"
     name = "mode-mismatch"
     category = "model.mode_mismatch"
+    stage = "forward"
     title = "Train/eval mode differs across ranks"
 
     def evaluate(self, ev: Evidence) -> Finding | None:

@@ -23,6 +23,7 @@ class BufferDivergence(Rule):
     code = "SD503"
     name = "buffer-divergence"
     category = "model.buffer_divergence"
+    stage = "forward"
     title = "BatchNorm buffers diverge across ranks"
 
     def evaluate(self, ev: Evidence) -> Finding | None:

@@ -41,6 +41,7 @@ class CanaryDivergence(Rule):
     code = "SD504"
     name = "canary-divergence"
     category = "model.canary_divergence"
+    stage = "forward"
     severity = "warning"  # it locates; the specific cause (SD501, SD502, SD503) explains
     title = "A fixed canary batch parts across ranks at a named layer"
 

@@ -33,6 +33,7 @@ class RebuiltStateMismatch(Rule):
     code = "SD505"
     name = "rebuilt-state-mismatch"
     category = "model.init_mismatch"
+    stage = "bindings"
     title = "A rebuilt model resumed from different state on different ranks"
 
     def evaluate(self, ev: Evidence) -> Finding | None:

@@ -29,6 +29,7 @@ class FinalEvaluationApart(Rule):
     code = "SD506"
     name = "final-evaluation-apart"
     category = "model.init_mismatch"
+    stage = "init"
     title = "The ranks' final evaluations differ with no drift in training: the replicas started apart"
     sources = ("logs",)
 

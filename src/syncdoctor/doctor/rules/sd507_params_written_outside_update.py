@@ -34,6 +34,7 @@ class ParamsWrittenOutsideUpdate(Rule):
     code = "SD507"
     name = "params-written-outside-update"
     category = "model.init_mismatch"
+    stage = "params"
     title = "Parameters written outside the update on some ranks"
 
     def evaluate(self, ev: Evidence) -> Finding | None:

@@ -35,6 +35,7 @@ class OptimizerStateMismatch(Rule):
     code = "SD601"
     name = "optimizer-state-mismatch"
     category = "optim.state_mismatch"
+    stage = "optimizer"
     title = "Optimizer state or hyperparameters differ across ranks"
     sources = ("records", "logs")
 

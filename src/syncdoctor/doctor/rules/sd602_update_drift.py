@@ -27,6 +27,7 @@ class UpdateDrift(Rule):
     code = "SD602"
     name = "update-drift"
     category = "optim.state_mismatch"
+    stage = "optimizer"
     title = "The replicas drift apart: the ranks apply different updates"
     sources = ("logs",)
 

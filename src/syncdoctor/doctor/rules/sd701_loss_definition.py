@@ -27,6 +27,7 @@ class LossDefinitionMismatch(Rule):
     code = "SD701"
     name = "loss-definition-mismatch"
     category = "loss.definition_mismatch"
+    stage = "forward"
     title = "Loss function differs across ranks"
     sources = ("records", "logs")
 

@@ -32,6 +32,7 @@ class GradNormOutlier(Rule):
     code = "SD702"
     name = "grad-norm-outlier"
     category = "loss.definition_mismatch"
+    stage = "backward"
     title = "One rank's gradient norm is orders of magnitude off"
 
     def evaluate(self, ev: Evidence) -> Finding | None:

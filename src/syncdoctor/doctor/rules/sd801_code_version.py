@@ -24,6 +24,7 @@ class CodeVersionMismatch(Rule):
     code = "SD801"
     name = "code-version-mismatch"
     category = "code.version_mismatch"
+    stage = "launch"
     title = "Code or library versions differ across ranks"
 
     def evaluate(self, ev: Evidence) -> Finding | None:

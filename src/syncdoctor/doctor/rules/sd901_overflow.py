@@ -32,6 +32,7 @@ class OverflowDisagreement(Rule):
     code = "SD901"
     name = "overflow-disagreement"
     category = "numeric.overflow"
+    stage = "loss_scale"
     title = "Ranks disagree on gradient overflow"
     sources = ("records", "logs")
 

@@ -27,6 +27,7 @@ class Fp16WithoutLossScaling(Rule):
     code = "SD902"
     name = "fp16-without-loss-scaling"
     category = "numeric.overflow"
+    stage = "loss_scale"
     severity = "warning"
     title = "float16 gradients without loss scaling"
 

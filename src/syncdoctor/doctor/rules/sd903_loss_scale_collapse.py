@@ -42,6 +42,7 @@ class LossScaleCollapse(Rule):
     code = "SD903"
     name = "loss-scale-collapse"
     category = "numeric.overflow"
+    stage = "loss_scale"
     title = "The fp16 loss scale collapsed: every step overflows"
     sources = ("logs",)
 

@@ -30,6 +30,7 @@ class NonfiniteLoss(Rule):
     code = "SD904"
     name = "nonfinite-loss"
     category = "numeric.overflow"
+    stage = "forward"
     title = "Loss became NaN/inf"
     sources = ("records", "logs")
 

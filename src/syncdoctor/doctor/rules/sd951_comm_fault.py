@@ -34,6 +34,7 @@ class CommunicationFault(Rule):
     code = "SD951"
     name = "communication-fault"
     category = "comm.fault"
+    stage = "comm"
     title = "Collective communication failed or timed out"
     sources = ("records", "logs")
 

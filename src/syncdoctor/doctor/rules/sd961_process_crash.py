@@ -33,6 +33,7 @@ class ProcessCrash(Rule):
     code = "SD961"
     name = "process-crash"
     category = "process.crash"
+    stage = "process"
     title = "A rank crashed and took the job down"
     sources = ("records", "logs")
 

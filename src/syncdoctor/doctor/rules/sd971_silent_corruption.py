@@ -112,6 +112,7 @@ class SilentCorruption(Rule):
     code = "SD971"
     name = "silent-corruption"
     category = "hardware.corruption"
+    stage = "params"
     title = "Silent data corruption: one replica changed while counters, configuration and data agree"
 
     def evaluate(self, ev: Evidence) -> Finding | None:

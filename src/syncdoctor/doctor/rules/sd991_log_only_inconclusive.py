@@ -29,6 +29,7 @@ class LogOnlyInconclusive(Rule):
     code = "SD991"
     name = "log-only-inconclusive"
     category = "healthy"
+    stage = "params"
     severity = "info"
     title = "Nothing wrong in this log, but one rank's log cannot show the replicas agree"
     sources = ("logs",)
