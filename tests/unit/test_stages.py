@@ -61,8 +61,8 @@ def test_the_dataflow_order():
     assert stages.order("comm") == stages.order(None) == len(stages.STAGES)
 
 
-def _finding(code: str, stage: str, confidence: float = 0.8, direct: bool = False) -> Finding:
-    return Finding(code, "x.y", "error", confidence, code, stage=stage, direct=direct)
+def _finding(code: str, stage: str, confidence: float = 0.8, direct: bool = False, step: int | None = None) -> Finding:
+    return Finding(code, "x.y", "error", confidence, code, step=step, stage=stage, direct=direct)
 
 
 def test_of_equally_likely_causes_the_earlier_stage_ranks_first():
@@ -73,3 +73,24 @@ def test_of_equally_likely_causes_the_earlier_stage_ranks_first():
     assert [f.code for f in ranked([early, likelier])] == ["SD100", "SD999"]
     observed = _finding("SD100", "params", direct=True)
     assert [f.code for f in ranked([early, observed])] == ["SD100", "SD999"]
+
+
+RULES = Path(__file__).resolve().parents[1] / "rules"
+
+
+def test_the_cause_says_which_earlier_stages_held_and_which_parted_too():
+    """doctor/upstream.py on a real lab run (SD601's fire case: one rank's optimizer
+    configuration changes at step 20): a cause named at the optimizer sees every earlier
+    stage it observed hold at the check of step 20; a cause named after it (the
+    parameters) sees the optimizer apart there too."""
+    from syncdoctor.doctor.diagnose import load_evidence
+    from syncdoctor.doctor.upstream import upstream_line
+
+    ev = load_evidence([RULES / "SD601" / "fire"])
+    at_optimizer = upstream_line(ev, _finding("SD601", "optimizer", step=20))
+    assert at_optimizer is not None and "check of step 20" in at_optimizer
+    assert "held on every rank: data (data_fp)" in at_optimizer and "apart" not in at_optimizer
+    at_params = upstream_line(ev, _finding("SD971", "params", step=20))
+    assert at_params is not None and "also apart at that step: optimizer (config_fp)" in at_params
+    assert upstream_line(ev, _finding("SD951", "comm", step=20)) is None  # outside the dataflow
+    assert upstream_line(ev, _finding("SD601", "optimizer")) is None  # no step: nothing to compare at

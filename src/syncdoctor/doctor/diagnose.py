@@ -15,6 +15,7 @@ from syncdoctor.doctor.report import jupyter  # noqa: F401 # gives Diagnosis Jup
 from syncdoctor.doctor.rules import all_rules
 from syncdoctor.doctor.run_facts import run_facts
 from syncdoctor.doctor.series import downsample
+from syncdoctor.doctor.upstream import upstream_line
 from syncdoctor.errors import InputError
 from syncdoctor.records import RecordError, read_run, stages
 from syncdoctor.records.reader import is_run_dir
@@ -329,9 +330,20 @@ def _with_baseline(ev: Evidence, diag: Diagnosis) -> None:
             )
 
 
+def _say_what_held_upstream(ev: Evidence, findings: list[Finding]) -> None:
+    """The cause's finding says which earlier stages of the step it saw hold, and which
+    it could not see (doctor/upstream.py)."""
+    top = findings[0] if findings else None
+    if top is not None and top.severity == "error":
+        line = upstream_line(ev, top)
+        if line:
+            top.evidence.append(line)
+
+
 def diagnose_evidence(ev: Evidence) -> Diagnosis:
     findings = run_rules(ev)
     _in_mesh_terms(ev, findings)
+    _say_what_held_upstream(ev, findings)
     ev.warnings[:0] = _unchecked(ev)
     div = ev.replicas.divergence
     diag = Diagnosis(
