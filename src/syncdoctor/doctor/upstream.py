@@ -29,8 +29,8 @@ COMPARED: dict[str, tuple[tuple[str, str], ...]] = {
     "forward": (("train_mode", "equal"), ("buffer_fp", "equal")),
     "backward": (("grads_missing", "equal"),),
     "sync_schedule": (("micro", "equal"), ("opt_steps", "equal")),
-    "reduced": (("grad_fp", "equal"),),
     "loss_scale": (("loss_scale", "equal"),),
+    "grads_at_update": (("grad_fp", "equal"),),
     "optimizer": (("lr", "equal"), ("opt_fp", "equal"), ("config_fp", "equal")),
     "params": (("param_fp", "equal"),),
 }

@@ -65,6 +65,14 @@ STAGES: tuple[Stage, ...] = (
         ("modes", "loss"),
     ),
     Stage(
+        "loss_scale",
+        "loss scaling",
+        "one loss scale on every rank (it multiplies the loss before backward and divides the "
+        "gradients before the update), the same found-inf and the same skipped updates",
+        ("step.loss_scale", "step.overflow"),
+        ("loss_scale",),
+    ),
+    Stage(
         "backward",
         "local gradients",
         "the same parameters receive a gradient on every rank",
@@ -85,18 +93,14 @@ STAGES: tuple[Stage, ...] = (
         ("step.syncs", "step.micro", "step.backward", "step.opt_steps", "step.discarded", "end.pending_syncs"),
     ),
     Stage(
-        "reduced",
-        "gradients after the all-reduce",
-        "the all-reduce averages: every rank holds the same gradient, the mean of the local ones",
+        "grads_at_update",
+        "gradients at the update",
+        "every rank updates from the same gradient: the all-reduce averaged the local ones, and "
+        "what changed them after it (clipping, unscaling, manual scaling) changed every rank's alike "
+        "(observed at the optimizer step, after all of it: a difference here does not tell the "
+        "reduce from what followed it)",
         ("snapshot.ddp", "step.grad_fp", "step.grad_norm", "step.reduce_ratio", "step.grad_fp16"),
         ("reduce_settings", "grads_reduced"),
-    ),
-    Stage(
-        "loss_scale",
-        "loss scaling",
-        "one loss scale, the same found-inf and the same skipped updates on every rank",
-        ("step.loss_scale", "step.overflow"),
-        ("loss_scale",),
     ),
     Stage(
         "optimizer",

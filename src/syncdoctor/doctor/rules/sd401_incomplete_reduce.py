@@ -28,7 +28,7 @@ class IncompleteReduce(Rule):
     code = "SD401"
     name = "incomplete-reduce"
     category = "sync.incomplete_reduce"
-    stage = "reduced"
+    stage = "grads_at_update"
     title = "Gradient all-reduce incomplete: ranks apply different gradients"
 
     def evaluate(self, ev: Evidence) -> Finding | None:

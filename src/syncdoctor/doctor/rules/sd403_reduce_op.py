@@ -34,7 +34,7 @@ class SummedGradients(Rule):
     code = "SD403"
     name = "summed-gradients"
     category = "sync.reduce_op"
-    stage = "reduced"
+    stage = "grads_at_update"
     title = "Gradients summed across ranks, not averaged"
 
     def evaluate(self, ev: Evidence) -> Finding | None:

@@ -29,7 +29,7 @@ class ReduceSettingsMismatch(Rule):
     code = "SD406"
     name = "reduce-settings-mismatch"
     category = "sync.reduce_op"
-    stage = "reduced"
+    stage = "grads_at_update"
     title = "Gradient reduction configured differently across ranks"
 
     def evaluate(self, ev: Evidence) -> Finding | None:
