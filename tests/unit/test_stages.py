@@ -50,13 +50,19 @@ def test_every_part_the_mindspore_probe_observes_belongs_to_exactly_one_stage():
     parts = Counter(part for s in stages.STAGES for part in s.parts)
     assert set(parts) == set(STAGE_NAMES), "coverage.STAGE_NAMES and the contract's parts must name the same parts"
     assert [p for p, n in parts.items() if n > 1] == []
-    assert stages.stage_of_part("grads_reduced") == "grads_at_update"
+    assert stages.stage_of_part("grads_reduced") == "reduced"
     assert stages.stage_of_part("no such part") is None
 
 
 def test_the_dataflow_order():
     order = [s.key for s in stages.STAGES]
-    assert order.index("data") < order.index("forward") < order.index("backward") < order.index("grads_at_update")
+    assert (
+        order.index("data")
+        < order.index("forward")
+        < order.index("backward")
+        < order.index("reduced")
+        < order.index("grads_at_update")
+    )
     assert order.index("grads_at_update") < order.index("optimizer") < order.index("params")
     assert stages.order("comm") == stages.order(None) == len(stages.STAGES)
 

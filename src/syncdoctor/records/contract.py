@@ -146,6 +146,13 @@ STEP = (
     _f("opt_fp", "int", "fingerprint of the optimizer state (detailed steps)"),
     _f("buffer_fp", "int", "fingerprint of the buffers at forward start", by=(TORCH,)),
     _f("grad_fp", "int", "fingerprint of the reduced gradients (detailed steps)"),
+    _f(
+        "grad_reduced_fp",
+        "int",
+        "fingerprint of the gradients right after the update's last synchronised backward() "
+        "returned: DDP's all-reduce done, no user code after it yet (detailed steps, DDP)",
+        by=(TORCH,),
+    ),
     _f("data_fp", "int", "fingerprint of this step's sample ids or input bytes"),
     _f("samples", "int", "samples consumed this step"),
     _f("ids", "list[int]", "the reported sample ids, up to MAX_IDS"),

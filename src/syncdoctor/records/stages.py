@@ -93,14 +93,18 @@ STAGES: tuple[Stage, ...] = (
         ("step.syncs", "step.micro", "step.backward", "step.opt_steps", "step.discarded", "end.pending_syncs"),
     ),
     Stage(
+        "reduced",
+        "gradients right after the all-reduce",
+        "the all-reduce averages: every rank holds the same gradient, the mean of the local ones",
+        ("snapshot.ddp", "step.grad_reduced_fp"),
+        ("reduce_settings", "grads_reduced"),
+    ),
+    Stage(
         "grads_at_update",
         "gradients at the update",
-        "every rank updates from the same gradient: the all-reduce averaged the local ones, and "
-        "what changed them after it (clipping, unscaling, manual scaling) changed every rank's alike "
-        "(observed at the optimizer step, after all of it: a difference here does not tell the "
-        "reduce from what followed it)",
-        ("snapshot.ddp", "step.grad_fp", "step.grad_norm", "step.reduce_ratio", "step.grad_fp16"),
-        ("reduce_settings", "grads_reduced"),
+        "what changes the gradients between the all-reduce and the update (clipping, unscaling, "
+        "manual scaling) changes every rank's alike: every rank updates from the same gradient",
+        ("step.grad_fp", "step.grad_norm", "step.reduce_ratio", "step.grad_fp16"),
     ),
     Stage(
         "optimizer",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from syncdoctor.doctor.diagnose import diagnose
@@ -32,6 +33,8 @@ LAUNCHES = [
     (*DDP, "--steps", "23", "--resume-momentum-rank", "0"),
     (*DDP, "--steps", "20", "--accumulate", "0:2"),
     (*DDP, "--steps", "20", "--accumulate", "2"),
+    (*DDP, "--steps", "20", "--clip", "0:0.05"),
+    (*DDP, "--steps", "20", "--clip", "all:0.05"),
     ("rebuild_job.py", 2, DEFAULT_CHECK_EVERY),
     ("rebuild_job.py", 2, DEFAULT_CHECK_EVERY, "--load-on-rank0-only"),
     ("unfreeze_job.py", 2, 10),
@@ -254,6 +257,26 @@ def test_a_sync_schedule_that_differs_across_ranks_is_named_at_the_backward(torc
     top = diag.findings[0]
     assert (top.code, top.category, top.step, top.ranks) == ("SD411", "sync.step_misalignment", 1, [0, 1]), top
     assert "backward call 1 of update 1" in top.evidence[0]
+
+
+@pytest.mark.parametrize("clip", ["0:0.05", "all:0.05"])
+def test_gradients_changed_between_the_all_reduce_and_the_update_are_named_there(torchrun, clip: str) -> None:
+    """ddp_train.py --clip 0:0.05: rank 0 alone clips the averaged gradients. The probe
+    fingerprints them right after the synchronised backward() returned (equal on both
+    ranks) and at the update (apart): SD412 names the stage between the two, and the
+    all-reduce is not blamed. --clip all:0.05 (every rank clips) is healthy."""
+    out = torchrun("--steps", "20", "--clip", clip)
+    first = read_run(out).steps.filter(pl.col("step") == 1)
+    assert first["grad_reduced_fp"].n_unique() == 1 and first["grad_reduced_fp"].null_count() == 0
+    diag = diagnose([out])
+    if clip.startswith("all"):
+        assert first["grad_fp"].n_unique() == 1
+        assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
+        return
+    assert first["grad_fp"].n_unique() == 2
+    top = diag.findings[0]
+    assert (top.code, top.category, top.stage, top.step) == ("SD412", "optim.state_mismatch", "grads_at_update", 1)
+    assert "SD401" not in [f.code for f in diag.findings]
 
 
 def test_uneven_inputs_without_join_are_named_as_updates_the_ranks_did_not_share(launched) -> None:

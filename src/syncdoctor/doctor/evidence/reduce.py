@@ -37,6 +37,16 @@ class SyncApart:
     at_end: bool  # from the end records: the calls after each rank's last update
 
 
+@dataclass(frozen=True)
+class ChangedAfterReduce:
+    """The first detailed step at which every rank held the same gradient right after
+    the all-reduce (grad_reduced_fp) and yet updated from different ones (grad_fp)."""
+
+    step: int
+    at_update: dict[int, int]  # rank -> grad_fp at that update
+    reduced_checked: int  # detailed steps before it at which both fingerprints agreed
+
+
 def _first_apart(schedules: dict[int, str]) -> int | None:
     """The first call index (0-based) where two ranks' schedules hold different flags."""
     for call in range(min(map(len, schedules.values()), default=0)):
@@ -164,3 +174,34 @@ class Reduce(Facet):
     def _apart(step: int, call: int, schedules: dict[int, str], at_end: bool) -> SyncApart:
         synced = {r: s[call] == "s" for r, s in schedules.items()}
         return SyncApart(step, call + 1, synced, schedules, at_end)
+
+    @cached_property
+    def changed_after_reduce(self) -> ChangedAfterReduce | None:
+        """Gradients equal on every rank right after the all-reduce and different at the
+        update: something between the two (clipping, unscaling, manual scaling, code
+        under a rank branch) changed them on some ranks."""
+        ev = self.ev
+        if not ev.has_records or "grad_reduced_fp" not in ev.steps.columns or "grad_fp" not in ev.steps.columns:
+            return None
+        n_ranks = len(ev.ranks)
+        per_step = (
+            ev.steps.filter(pl.col("grad_reduced_fp").is_not_null() & pl.col("grad_fp").is_not_null())
+            .unique(["rank", "step"], keep="last")
+            .group_by("step")
+            .agg(
+                pl.len().alias("n"),
+                pl.col("grad_reduced_fp").n_unique().alias("reduced"),
+                pl.col("grad_fp").n_unique().alias("updated"),
+            )
+            .filter((pl.col("n") == n_ranks) & (pl.col("reduced") == 1))
+            .sort("step")
+        )
+        if n_ranks < 2 or per_step.height == 0:
+            return None
+        apart = per_step.filter(pl.col("updated") > 1)
+        if apart.height == 0:
+            return None
+        step = int(apart["step"][0])
+        rows = ev.steps.filter((pl.col("step") == step) & pl.col("grad_fp").is_not_null()).unique("rank", keep="last")
+        at_update = {int(r): int(v) for r, v in zip(rows["rank"], rows["grad_fp"], strict=True)}
+        return ChangedAfterReduce(step, at_update, int((per_step["step"] < step).sum()))

@@ -28,7 +28,7 @@ class IncompleteReduce(Rule):
     code = "SD401"
     name = "incomplete-reduce"
     category = "sync.incomplete_reduce"
-    stage = "grads_at_update"
+    stage = "reduced"
     title = "Gradient all-reduce incomplete: ranks apply different gradients"
 
     def evaluate(self, ev: Evidence) -> Finding | None:
@@ -37,6 +37,9 @@ class IncompleteReduce(Rule):
             return None
         if ev.numerics.overflow_disagreement:
             return None  # a rank zeroed its overflowed gradients: the overflow rule owns it
+        changed = ev.reduce.changed_after_reduce
+        if changed is not None and changed.step <= div.step:
+            return None  # the all-reduce was seen deliver one gradient: what followed it changed them (SD412)
         if "grad" not in div.what:
             return self._unmeasured(ev, div)
         evidence = [

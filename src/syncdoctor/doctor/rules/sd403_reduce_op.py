@@ -34,7 +34,7 @@ class SummedGradients(Rule):
     code = "SD403"
     name = "summed-gradients"
     category = "sync.reduce_op"
-    stage = "grads_at_update"
+    stage = "reduced"
     title = "Gradients summed across ranks, not averaged"
 
     def evaluate(self, ev: Evidence) -> Finding | None:

@@ -29,7 +29,7 @@ class ReduceSettingsMismatch(Rule):
     code = "SD406"
     name = "reduce-settings-mismatch"
     category = "sync.reduce_op"
-    stage = "grads_at_update"
+    stage = "reduced"
     title = "Gradient reduction configured differently across ranks"
 
     def evaluate(self, ev: Evidence) -> Finding | None:

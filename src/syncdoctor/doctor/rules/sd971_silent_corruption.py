@@ -179,8 +179,9 @@ class SilentCorruption(Rule):
     @staticmethod
     def _other_mechanism(ev: Evidence, step: int) -> bool:
         """Marks of the mechanisms that part replicas without a flipped bit: a rank
-        left out of the reduction, a local overflow skip, a communication retry."""
-        if ev.reduce.unreduced_ranks or ev.numerics.overflow_disagreement:
+        left out of the reduction, a local overflow skip, gradients changed between the
+        reduction and the update, a communication retry."""
+        if ev.reduce.unreduced_ranks or ev.numerics.overflow_disagreement or ev.reduce.changed_after_reduce:
             return True
         if any(e.step is None or e.step <= step for e in ev.events.of("retry", "timeout", "watchdog", "network")):
             return True

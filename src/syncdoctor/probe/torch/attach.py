@@ -298,9 +298,17 @@ def _make_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
             _safe(_capture_loss, tensors)
-        return original(tensors, *args, **kwargs)
+        result = original(tensors, *args, **kwargs)
+        if STATE.probes:
+            _safe(_after_backward)
+        return result
 
     return backward
+
+
+def _after_backward() -> None:
+    for probe in STATE.probes:
+        probe.after_backward_call()
 
 
 def capture_backward_losses() -> None:

@@ -172,6 +172,11 @@ class Probe:
         # no_sync backward passes whose gradients were thrown away (zero_grad) before
         # any update read them: not counted as micro-steps of the next update.
         self._discarded = 0
+        # At detailed steps: the gradients' fingerprint right after the update's last
+        # synchronised backward() returned (DDP's all-reduce done, no user code after it
+        # yet), beside grad_fp at the update: tells the reduce from what changed the
+        # gradients between it and the update (clipping, unscaling, a rank branch).
+        self._reduced_grad_fp: int | None = None
         self._last_measured_step = 0
         # The first parameter's version counter after the last step: torch bumps it at
         # every in-place change, so at close it tells whether code after the last step
@@ -498,6 +503,24 @@ class Probe:
                 # between the forward and backward() changes nothing, and is not read.
                 self._syncs += "s" if getattr(self._wrapper, "require_forward_param_sync", True) else "n"
 
+    def after_backward_call(self) -> None:
+        """Right after backward() returned. A synchronised call of a DDP wrapper returns
+        once the all-reduce has written the averaged gradients: at detailed steps their
+        fingerprint is taken there (one hash of the gradients, as grad_fp's)."""
+        if (
+            self._detailed
+            and self._measuring
+            and not self.disabled
+            and self._syncs[-1:] == "s"
+            and (self.layout is None or not self.layout.sharded)
+        ):
+            self._guard(self._measure_reduced_grads)
+
+    def _measure_reduced_grads(self) -> None:
+        grads = [p.grad for p in self._params]
+        present = any(g is not None for g in grads)
+        self._reduced_grad_fp = combine(fingerprints(grads, cache=self._views, kind="grad")) if present else None
+
     def _on_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         # Inside DDP's forward, after it broadcast rank 0's buffers: the moment buffers must match.
         if self._measuring and self._buffer_fp is None and self._watching_forward():
@@ -776,6 +799,8 @@ class Probe:
         present = [local_shard(g) for g in grads if g is not None]  # this rank's shards: no collective
         grad_fps = fingerprints(grads, cache=self._views, kind="grad")
         out["grad_fp"] = combine(grad_fps) if present else None
+        if self._reduced_grad_fp is not None:
+            out["grad_reduced_fp"], self._reduced_grad_fp = self._reduced_grad_fp, None
         state, owner = self._optimizer_state()
         opt_fps = fingerprints(state, cache=self._views, kind="opt")
         out["opt_fp"] = combine(opt_fps)

@@ -1,9 +1,10 @@
 """An ordinary DDP training script, with no syncdoctor in it: what `syncdoctor run`
 must attach to. Options used by the tests: --exit-code (end with that code),
 --comm-hook (register the script's own DDP comm hook), --steps, --seed,
---accumulate N (N micro-steps per update, the first N-1 under `no_sync`), and the
-silent bugs --odd-weight-decay-rank R, --nan-at RANK:STEP and --accumulate RANK:N
-(that rank alone accumulates N micro-steps: a per-node config that drifted).
+--accumulate N (N micro-steps per update, the first N-1 under `no_sync`), --clip all:NORM,
+and the silent bugs --odd-weight-decay-rank R, --nan-at RANK:STEP, --accumulate RANK:N
+(that rank alone accumulates N micro-steps: a per-node config that drifted) and
+--clip RANK:NORM (that rank alone clips the averaged gradients).
 
 With SYNCDOCTOR_TEST_PAUSE="where:rank:step" (kill tests only) one rank stops at a
 chosen point (mid-record, just before the check, inside the comm hook), writes
@@ -52,6 +53,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     # run, under an `if rank == 0:`): every rank starts from the same weights.
     p.add_argument("--resume-momentum-rank", type=int, default=None)
     p.add_argument("--accumulate", default="1")
+    # Gradient clipping between backward and the update, on RANK only or on "all"
+    # ("0:0.05"): the all-reduce delivers the same gradient, one rank then rescales it.
+    p.add_argument("--clip", default=None)
     return p.parse_args(argv)
 
 
@@ -142,6 +146,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
     scale_rank, scale_step = args.scale_all_at.split(":") if args.scale_all_at else (None, "0")
     accumulate_rank, accumulate = args.accumulate.split(":") if ":" in args.accumulate else (str(rank), args.accumulate)
     micro_steps = int(accumulate) if accumulate_rank == str(rank) else 1
+    clip_rank, clip_norm = args.clip.split(":") if args.clip else (None, "0")
     micro = 0
     epoch = 0
     while state["step"] < args.steps:
@@ -157,6 +162,8 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
             if not last_micro:
                 continue
             micro = 0
+            if clip_rank in ("all", str(rank)):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), float(clip_norm))
             optimizer.step()
             optimizer.zero_grad()
             state["step"] += 1

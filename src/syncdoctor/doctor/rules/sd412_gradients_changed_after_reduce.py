@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+from syncdoctor.doctor.evidence import Evidence
+from syncdoctor.doctor.model import Finding
+from syncdoctor.doctor.rules.base import Rule
+from syncdoctor.records.compare import agreement
+from syncdoctor.rulebook import fmt_ranks
+
+
+class GradientsChangedAfterReduce(Rule):
+    """The all-reduce delivered the same gradient to every rank; the ranks then updated
+    from different ones.
+
+    **Symptom:** no error; the replicas part from the first update at which the change
+    happened (often not the first step: clipping acts only once the gradient norm
+    crosses its threshold), while data, modes, counters and the all-reduce itself agree.
+
+    **Cause:** code between `loss.backward()` and `optimizer.step()` changes the averaged
+    gradients on some ranks only: `clip_grad_norm_` inside an `if rank == 0:` logging
+    block, a GradScaler whose `init_scale` comes from a per-node setting (each rank
+    unscales the same averaged gradient by its own scale), a manual rescale under a
+    rank branch.
+
+    **Quick check:** right before `optimizer.step()`, print
+    `torch.cat([p.grad.flatten() for p in model.parameters()]).norm()` on every rank,
+    and once more right after `loss.backward()`: equal after backward, different
+    before the step.
+
+    **Fix:** run every change of the gradients between backward and the update on every
+    rank alike: clip outside rank branches (log on rank 0, clip everywhere), build the
+    GradScaler from one setting on every rank, scale by the world size everywhere.
+    """
+
+    code = "SD412"
+    name = "gradients-changed-after-reduce"
+    category = "optim.state_mismatch"
+    stage = "grads_at_update"
+    title = "The gradients changed between the all-reduce and the update on some ranks"
+
+    def evaluate(self, ev: Evidence) -> Finding | None:
+        changed = ev.reduce.changed_after_reduce
+        if changed is None:
+            return None
+        split = agreement(changed.at_update)
+        odd = split.odd
+        groups: dict[int, list[int]] = {}
+        for rank, fp in sorted(changed.at_update.items()):
+            groups.setdefault(fp, []).append(rank)
+        if split.has_majority:
+            sides = f"{fmt_ranks(odd)} apart from the others"
+        elif len(groups) == len(changed.at_update):
+            sides = "no two ranks alike"
+        else:
+            sides = "split " + " | ".join(fmt_ranks(ranks) for ranks in groups.values())
+        before = (
+            f", as at {changed.reduced_checked} detailed step(s) before it, when the update's gradients agreed too"
+            if changed.reduced_checked
+            else ""
+        )
+        evidence = [
+            f"step {changed.step}: every rank held the same gradient right after the all-reduce "
+            f"(grad_reduced_fp){before}",
+            f"step {changed.step}: the ranks updated from different gradients (grad_fp: {sides}): code between "
+            "backward() and the update (clipping, unscaling, manual scaling, a rank branch) changed them",
+        ]
+        div = ev.replicas.divergence
+        if div is not None:
+            evidence.append(f"the replicas part at step {div.step}")
+        return self.found(0.9, evidence, ranks=odd, step=changed.step, direct=True)
