@@ -31,7 +31,7 @@ COMPARED: dict[str, tuple[tuple[str, str], ...]] = {
     "sync_schedule": (("micro", "equal"), ("opt_steps", "equal")),
     "loss_scale": (("loss_scale", "equal"),),
     "reduced": (("grad_reduced_fp", "equal"),),
-    "grads_at_update": (("grad_fp", "equal"),),
+    "grads_at_update": (("grad_writes", "equal"), ("grad_fp", "equal")),
     "optimizer": (("lr", "equal"), ("opt_fp", "equal"), ("config_fp", "equal")),
     "params": (("param_fp", "equal"),),
 }

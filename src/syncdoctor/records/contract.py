@@ -153,6 +153,13 @@ STEP = (
         "returned: DDP's all-reduce done, no user code after it yet (detailed steps, DDP)",
         by=(TORCH,),
     ),
+    _f(
+        "grad_writes",
+        "int",
+        "in-place writes into the gradients (a replaced gradient counts one) between the update's "
+        "last synchronised backward() and the update: clipping, unscaling (check steps, DDP)",
+        by=(TORCH,),
+    ),
     _f("data_fp", "int", "fingerprint of this step's sample ids or input bytes"),
     _f("samples", "int", "samples consumed this step"),
     _f("ids", "list[int]", "the reported sample ids, up to MAX_IDS"),

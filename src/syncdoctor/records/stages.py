@@ -104,7 +104,7 @@ STAGES: tuple[Stage, ...] = (
         "gradients at the update",
         "what changes the gradients between the all-reduce and the update (clipping, unscaling, "
         "manual scaling) changes every rank's alike: every rank updates from the same gradient",
-        ("step.grad_fp", "step.grad_norm", "step.reduce_ratio", "step.grad_fp16"),
+        ("step.grad_writes", "step.grad_fp", "step.grad_norm", "step.reduce_ratio", "step.grad_fp16"),
     ),
     Stage(
         "optimizer",

@@ -263,17 +263,23 @@ def test_a_sync_schedule_that_differs_across_ranks_is_named_at_the_backward(torc
 def test_gradients_changed_between_the_all_reduce_and_the_update_are_named_there(torchrun, clip: str) -> None:
     """ddp_train.py --clip 0:0.05: rank 0 alone clips the averaged gradients. The probe
     fingerprints them right after the synchronised backward() returned (equal on both
-    ranks) and at the update (apart): SD412 names the stage between the two, and the
-    all-reduce is not blamed. --clip all:0.05 (every rank clips) is healthy."""
+    ranks) and at the update (apart), and counts the in-place writes into them in
+    between (clip_grad_norm_ writes each of the 6 tensors once, on rank 0 only): SD412
+    names the stage between the two, and the all-reduce is not blamed. --clip all:0.05
+    (every rank clips) is healthy."""
     out = torchrun("--steps", "20", "--clip", clip)
-    first = read_run(out).steps.filter(pl.col("step") == 1)
+    steps = read_run(out).steps
+    first = steps.filter(pl.col("step") == 1).sort("rank")
     assert first["grad_reduced_fp"].n_unique() == 1 and first["grad_reduced_fp"].null_count() == 0
+    writes = steps.filter(pl.col("param_fp").is_not_null()).group_by("rank").agg(pl.col("grad_writes").unique())
     diag = diagnose([out])
     if clip.startswith("all"):
         assert first["grad_fp"].n_unique() == 1
+        assert sorted(writes.rows()) == [(0, [6]), (1, [6])]
         assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
         return
     assert first["grad_fp"].n_unique() == 2
+    assert sorted(writes.rows()) == [(0, [6]), (1, [0])]
     top = diag.findings[0]
     assert (top.code, top.category, top.stage, top.step) == ("SD412", "optim.state_mismatch", "grads_at_update", 1)
     assert "SD401" not in [f.code for f in diag.findings]

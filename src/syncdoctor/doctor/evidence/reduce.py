@@ -39,12 +39,15 @@ class SyncApart:
 
 @dataclass(frozen=True)
 class ChangedAfterReduce:
-    """The first detailed step at which every rank held the same gradient right after
-    the all-reduce (grad_reduced_fp) and yet updated from different ones (grad_fp)."""
+    """The first step at which the ranks' gradients were seen change between the
+    all-reduce and the update in different ways: by different in-place writes
+    (grad_writes, every check) or, with every rank holding the same gradient right
+    after the all-reduce (grad_reduced_fp), different gradients at the update (grad_fp,
+    detailed steps)."""
 
     step: int
-    at_update: dict[int, int]  # rank -> grad_fp at that update
-    reduced_checked: int  # detailed steps before it at which both fingerprints agreed
+    how: str  # "writes" | "values"
+    per_rank: dict[int, int]  # rank -> its writes, or its grad_fp at the update
 
 
 def _first_apart(schedules: dict[int, str]) -> int | None:
@@ -177,31 +180,41 @@ class Reduce(Facet):
 
     @cached_property
     def changed_after_reduce(self) -> ChangedAfterReduce | None:
-        """Gradients equal on every rank right after the all-reduce and different at the
-        update: something between the two (clipping, unscaling, manual scaling, code
-        under a rank branch) changed them on some ranks."""
+        """Gradients that something between the all-reduce and the update (clipping,
+        unscaling, manual scaling, code under a rank branch) changed on some ranks only."""
         ev = self.ev
-        if not ev.has_records or "grad_reduced_fp" not in ev.steps.columns or "grad_fp" not in ev.steps.columns:
+        if not ev.has_records or len(ev.ranks) < 2:
             return None
-        n_ranks = len(ev.ranks)
-        per_step = (
-            ev.steps.filter(pl.col("grad_reduced_fp").is_not_null() & pl.col("grad_fp").is_not_null())
-            .unique(["rank", "step"], keep="last")
-            .group_by("step")
-            .agg(
-                pl.len().alias("n"),
-                pl.col("grad_reduced_fp").n_unique().alias("reduced"),
-                pl.col("grad_fp").n_unique().alias("updated"),
+        found = [
+            c
+            for c in (
+                self._first_differing("grad_writes", "writes"),
+                self._first_differing("grad_fp", "values", agreed="grad_reduced_fp"),
             )
-            .filter((pl.col("n") == n_ranks) & (pl.col("reduced") == 1))
-            .sort("step")
+            if c is not None
+        ]
+        return min(found, key=lambda c: c.step) if found else None
+
+    def _first_differing(self, column: str, how: str, agreed: str | None = None) -> ChangedAfterReduce | None:
+        """The first step at which every rank recorded `column` (and `agreed`, equal on
+        every rank) and the ranks' `column` differ."""
+        steps = self.ev.steps
+        needed = [column] + ([agreed] if agreed else [])
+        if any(c not in steps.columns for c in needed):
+            return None
+        rows = steps.filter(pl.all_horizontal(pl.col(c).is_not_null() for c in needed)).unique(
+            ["rank", "step"], keep="last"
         )
-        if n_ranks < 2 or per_step.height == 0:
+        per_step = rows.group_by("step").agg(
+            pl.len().alias("n"),
+            pl.col(column).n_unique().alias("values"),
+            *([pl.col(agreed).n_unique().alias("agreed")] if agreed else []),
+        )
+        per_step = per_step.filter((pl.col("n") == len(self.ev.ranks)) & (pl.col("values") > 1))
+        if agreed:
+            per_step = per_step.filter(pl.col("agreed") == 1)
+        if per_step.height == 0:
             return None
-        apart = per_step.filter(pl.col("updated") > 1)
-        if apart.height == 0:
-            return None
-        step = int(apart["step"][0])
-        rows = ev.steps.filter((pl.col("step") == step) & pl.col("grad_fp").is_not_null()).unique("rank", keep="last")
-        at_update = {int(r): int(v) for r, v in zip(rows["rank"], rows["grad_fp"], strict=True)}
-        return ChangedAfterReduce(step, at_update, int((per_step["step"] < step).sum()))
+        step = int(per_step["step"].min())  # type: ignore[arg-type]
+        at = rows.filter(pl.col("step") == step)
+        return ChangedAfterReduce(step, how, {int(r): int(v) for r, v in zip(at["rank"], at[column], strict=True)})

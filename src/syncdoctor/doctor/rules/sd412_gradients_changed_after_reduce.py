@@ -41,28 +41,31 @@ class GradientsChangedAfterReduce(Rule):
         changed = ev.reduce.changed_after_reduce
         if changed is None:
             return None
-        split = agreement(changed.at_update)
+        split = agreement(changed.per_rank)
         odd = split.odd
-        groups: dict[int, list[int]] = {}
-        for rank, fp in sorted(changed.at_update.items()):
-            groups.setdefault(fp, []).append(rank)
-        if split.has_majority:
-            sides = f"{fmt_ranks(odd)} apart from the others"
-        elif len(groups) == len(changed.at_update):
-            sides = "no two ranks alike"
+        if changed.how == "writes":
+            counts = ", ".join(f"{n} on rank {r}" for r, n in sorted(changed.per_rank.items()))
+            evidence = [
+                f"step {changed.step}: between the all-reduce (the update's last synchronised backward()) and "
+                f"the update, the ranks wrote into their gradients in place a different number of times "
+                f"({counts}): code that runs on some ranks only (clipping, unscaling, manual scaling) — "
+                "even where it left the values unchanged this time, it changes them once it acts",
+            ]
         else:
-            sides = "split " + " | ".join(fmt_ranks(ranks) for ranks in groups.values())
-        before = (
-            f", as at {changed.reduced_checked} detailed step(s) before it, when the update's gradients agreed too"
-            if changed.reduced_checked
-            else ""
-        )
-        evidence = [
-            f"step {changed.step}: every rank held the same gradient right after the all-reduce "
-            f"(grad_reduced_fp){before}",
-            f"step {changed.step}: the ranks updated from different gradients (grad_fp: {sides}): code between "
-            "backward() and the update (clipping, unscaling, manual scaling, a rank branch) changed them",
-        ]
+            groups: dict[int, list[int]] = {}
+            for rank, fp in sorted(changed.per_rank.items()):
+                groups.setdefault(fp, []).append(rank)
+            if split.has_majority:
+                sides = f"{fmt_ranks(odd)} apart from the others"
+            elif len(groups) == len(changed.per_rank):
+                sides = "no two ranks alike"
+            else:
+                sides = "split " + " | ".join(fmt_ranks(ranks) for ranks in groups.values())
+            evidence = [
+                f"step {changed.step}: every rank held the same gradient right after the all-reduce (grad_reduced_fp)",
+                f"step {changed.step}: the ranks updated from different gradients (grad_fp: {sides}): code "
+                "between backward() and the update (clipping, unscaling, manual scaling, a rank branch) changed them",
+            ]
         div = ev.replicas.divergence
         if div is not None:
             evidence.append(f"the replicas part at step {div.step}")

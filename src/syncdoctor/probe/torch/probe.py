@@ -177,6 +177,11 @@ class Probe:
         # yet), beside grad_fp at the update: tells the reduce from what changed the
         # gradients between it and the update (clipping, unscaling, a rank branch).
         self._reduced_grad_fp: int | None = None
+        # At measured steps: each gradient and its in-place version counter as that same
+        # backward() returned. At the update, the writes into them since (clip_grad_norm_,
+        # GradScaler's unscale_ and manual scaling write in place; a new tensor counts one)
+        # must be the same on every rank: code under a rank branch is not.
+        self._grads_after_reduce: list[tuple[torch.Tensor | None, int]] | None = None
         self._last_measured_step = 0
         # The first parameter's version counter after the last step: torch bumps it at
         # every in-place change, so at close it tells whether code after the last step
@@ -505,11 +510,11 @@ class Probe:
 
     def after_backward_call(self) -> None:
         """Right after backward() returned. A synchronised call of a DDP wrapper returns
-        once the all-reduce has written the averaged gradients: at detailed steps their
-        fingerprint is taken there (one hash of the gradients, as grad_fp's)."""
+        once the all-reduce has written the averaged gradients: at measured steps the
+        gradients' version counters are read there (a read per parameter), and at
+        detailed steps their fingerprint is taken (one hash, as grad_fp's)."""
         if (
-            self._detailed
-            and self._measuring
+            self._measuring
             and not self.disabled
             and self._syncs[-1:] == "s"
             and (self.layout is None or not self.layout.sharded)
@@ -518,8 +523,25 @@ class Probe:
 
     def _measure_reduced_grads(self) -> None:
         grads = [p.grad for p in self._params]
-        present = any(g is not None for g in grads)
-        self._reduced_grad_fp = combine(fingerprints(grads, cache=self._views, kind="grad")) if present else None
+        self._grads_after_reduce = [(g, g._version if g is not None else 0) for g in grads]
+        if self._detailed:
+            present = any(g is not None for g in grads)
+            self._reduced_grad_fp = combine(fingerprints(grads, cache=self._views, kind="grad")) if present else None
+
+    def _grad_writes(self) -> int | None:
+        """In-place writes into the gradients (a replaced gradient: one) since the
+        update's last synchronised backward() returned; None where it was not seen."""
+        then, self._grads_after_reduce = self._grads_after_reduce, None
+        if then is None or len(then) != len(self._params):
+            return None
+        writes = 0
+        for p, (g, version) in zip(self._params, then, strict=True):
+            now = p.grad
+            if now is not g:
+                writes += 1
+            elif now is not None:
+                writes += now._version - version
+        return writes
 
     def _on_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         # Inside DDP's forward, after it broadcast rank 0's buffers: the moment buffers must match.
@@ -790,6 +812,9 @@ class Probe:
         out["buffer_fp"] = self._buffer_fp
         out["train_mode"] = self._train_mode()
         out["config_fp"] = self._config_fp ^ groups_fingerprint(self._group_hparams())
+        grad_writes = self._grad_writes()
+        if grad_writes is not None:
+            out["grad_writes"] = grad_writes
         if not self._detailed:
             if replica is not None:
                 out["replica_fps"] = {"param": replica}
