@@ -1,6 +1,8 @@
 """The gradient reduction: whether the reduced gradient is larger than an average
-can be (a sum), which ranks' gradients were left out of it, and whether it delivered
-a gradient to the same parameters on every rank."""
+can be (a sum), which ranks' gradients were left out of it, whether it delivered
+a gradient to the same parameters on every rank, whether the ranks agreed on which
+micro-steps synchronise, and whether the gradients changed between it and the
+update on some ranks only."""
 
 from __future__ import annotations
 
