@@ -51,8 +51,7 @@ class GradientsChangedAfterReduce(Rule):
             evidence = [
                 f"step {changed.step}: between the all-reduce (the update's last synchronised backward()) and "
                 f"the update, the ranks wrote into their gradients in place a different number of times "
-                f"({counts}): code that runs on some ranks only (clipping, unscaling, manual scaling) — "
-                "even where it left the values unchanged this time, it changes them once it acts",
+                f"({counts}): code that runs on some ranks only (clipping, unscaling, manual scaling)",
             ]
         else:
             groups: dict[int, list[int]] = {}
