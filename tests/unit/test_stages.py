@@ -100,3 +100,14 @@ def test_the_cause_says_which_earlier_stages_held_and_which_parted_too():
     assert at_params is not None and "also apart at that step: optimizer (config_fp)" in at_params
     assert upstream_line(ev, _finding("SD951", "comm", step=20)) is None  # outside the dataflow
     assert upstream_line(ev, _finding("SD601", "optimizer")) is None  # no step: nothing to compare at
+
+
+def test_what_the_upstream_line_compares_is_what_each_stage_names():
+    """doctor/upstream.py's columns per stage are fields that stage lists (step records)."""
+    from syncdoctor.doctor.upstream import COMPARED
+
+    fields = {s.key: set(s.fields) for s in stages.STAGES}
+    assert set(COMPARED) <= set(fields)
+    stray = [(k, c) for k, cols in COMPARED.items() for c, _ in cols if f"step.{c}" not in fields[k]]
+    assert stray == []
+    assert {keeps for cols in COMPARED.values() for _, keeps in cols} == {"equal", "differ"}
