@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from syncdoctor.doctor.calibration import calibrated
 from syncdoctor.doctor.coverage import coverage, loss_unobserved, reduce_unobserved
 from syncdoctor.doctor.evidence import Evidence
 from syncdoctor.doctor.model import AgreementSpan, Diagnosis, Finding, RankSummary, Verdict
@@ -73,7 +74,9 @@ def load_evidence(paths: Sequence[str | Path]) -> Evidence:
     return Evidence(records=records, logs=logs, warnings=warnings)
 
 
-def run_rules(ev: Evidence) -> list[Finding]:
+def run_rules(ev: Evidence, *, calibrate: bool = True) -> list[Finding]:
+    """Every rule's finding, ranked; with ``calibrate``, each confidence is the one
+    measured for its rule (doctor/calibration.py), else the rule's own estimate."""
     findings = []
     for rule_cls in all_rules():
         rule = rule_cls()
@@ -89,7 +92,7 @@ def run_rules(ev: Evidence) -> list[Finding]:
             ev.warnings.append(f"rule {rule.code} failed on this input: {type(exc).__name__}: {exc}")
             continue
         if finding is not None:
-            findings.append(finding)
+            findings.append(calibrated(finding) if calibrate else finding)
     return ranked(findings)
 
 

@@ -102,6 +102,18 @@ class Finding:
     # The stage of the data-parallel contract the rule tests (records/stages.py): where
     # in the step's dataflow the cause sits.
     stage: str | None = None
+    # [right, fired]: in how many labelled runs where the rule fired its cause was the
+    # right one (doctor/calibration.py); the confidence is measured from it. None: the
+    # rule has no measurement, and the confidence is its own estimate.
+    measured: list[int] | None = None
+
+
+def confidence_text(f: Finding, percent: str) -> str:
+    """How every renderer words a confidence (``percent``: the number, formatted)."""
+    if f.measured is None:
+        return f"{percent} % (the rule's estimate: not measured)"
+    right, fired = f.measured
+    return f"{percent} % (measured: its cause was right in {right} of {fired} labelled runs where it fired)"
 
 
 @dataclass

@@ -32,6 +32,7 @@ from syncdoctor.doctor.model import (
     Event,
     Finding,
     LossShape,
+    confidence_text,
 )
 from syncdoctor.doctor.report import charts as ch
 from syncdoctor.doctor.report.common import (
@@ -200,7 +201,7 @@ def _finding_html(f: Finding, top: bool) -> str:
         ("code", f.code),
         ("category", f.category),
         ("severity", f.severity),
-        ("confidence", f"{fmt_num(f.confidence * 100, 3)} %"),
+        ("confidence", confidence_text(f, fmt_num(f.confidence * 100, 3))),
         ("step", f.step),
         ("ranks", fmt_ranks(f.ranks) if f.ranks else None),
         ("stage", stages.name(f.stage)),

@@ -21,6 +21,7 @@ from syncdoctor.doctor.model import (
     Event,
     Finding,
     RankSummary,
+    confidence_text,
 )
 from syncdoctor.doctor.report.common import (
     SHAPE_STYLE,
@@ -136,7 +137,7 @@ def _finding_meta(f: Finding) -> Text:
     meta.append(clean(f.code, oneline=True, limit=60), style="bold")
     meta.append("  " + clean(f.category, oneline=True, limit=60), style="magenta")
     meta.append("  " + clean(f.severity, oneline=True, limit=20), style=_SEVERITY_STYLE.get(f.severity, ""))
-    meta.append(f"  confidence {fmt_num(f.confidence * 100, 3)} %")
+    meta.append("  confidence " + confidence_text(f, fmt_num(f.confidence * 100, 3)))
     if f.step is not None:
         meta.append(f"  step {f.step}")
     if f.ranks:
