@@ -103,8 +103,14 @@ SNAPSHOT = (
     _f("loader", "section", "sampler/loader settings", *LOADER),
     _f("global_batch", "int", "batch_size x world_size x accumulation"),
     _f("tensors", "list[str]", "parameter names in fingerprint order"),
-    _f("init_param_fp", "int", "fingerprint of the parameters when the probe attached"),
+    _f("init_param_fp", "int", "fingerprint of the parameters before the first update the probe saw"),
     _f("init_param_fp_before_update", "bool", "no update had happened when init_param_fp was taken", by=(TORCH,)),
+    _f(
+        "init_params_changed",
+        "bool",
+        "true only: this rank's parameters changed between the wrap (where the probe began watching) and the first update; init_param_fp is the later one",
+        by=(TORCH,),
+    ),
     _f(
         "segment",
         "int",

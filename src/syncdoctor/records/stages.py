@@ -45,8 +45,14 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "init",
         "parameters at start",
-        "every replica starts from the same weights",
-        ("snapshot.init_param_fp", "snapshot.init_param_fp_local", "snapshot.rng", "snapshot.seed"),
+        "every replica holds the same weights before its first update (what the wrap broadcast and what was loaded after it)",
+        (
+            "snapshot.init_param_fp",
+            "snapshot.init_params_changed",
+            "snapshot.init_param_fp_local",
+            "snapshot.rng",
+            "snapshot.seed",
+        ),
         ("params_start",),
     ),
     Stage(

@@ -38,6 +38,8 @@ LAUNCHES = [
     (*DDP, "--steps", "20", "--clip", "0:inf"),
     ("rebuild_job.py", 2, DEFAULT_CHECK_EVERY),
     ("rebuild_job.py", 2, DEFAULT_CHECK_EVERY, "--load-on-rank0-only"),
+    ("rebuild_job.py", 2, DEFAULT_CHECK_EVERY, "--resume-after-wrap"),
+    ("rebuild_job.py", 2, DEFAULT_CHECK_EVERY, "--resume-after-wrap", "--load-on-rank0-only"),
     ("unfreeze_job.py", 2, 10),
     ("unfreeze_job.py", 2, 10, "--unfreeze-before-wrap"),
     ("unfreeze_job.py", 2, 10, "--unfreeze-before-wrap", "--learnable-temperature"),
@@ -170,6 +172,25 @@ def test_a_model_rebuilt_in_the_same_process_is_the_same_replicas_next_segment(l
         assert diag.findings[0].step == 31
     else:
         assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
+
+
+@pytest.mark.parametrize("fault", [False, True])
+def test_weights_loaded_after_the_wrap_on_one_rank_are_an_init_mismatch(launched, fault: bool) -> None:
+    """Pretrained weights loaded after DDP's constructor broadcast (scripts/rebuild_job.py
+    --resume-after-wrap): on every rank healthy; on rank 0 only the replicas differ before
+    their first update although the wrap made them equal, which the probe sees at the
+    first optimizer step (SD501), not as a state that parted at the first update."""
+    flags = ["--resume-after-wrap", *(["--load-on-rank0-only"] if fault else [])]
+    out = launched(("rebuild_job.py", 2, DEFAULT_CHECK_EVERY, *flags))
+    diag = diagnose([out])
+    if not fault:
+        assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
+        return
+    top = diag.findings[0]
+    assert (top.code, top.category, top.step) == ("SD501", "model.init_mismatch", 0), [f.code for f in diag.findings]
+    assert any("changed on rank 0 before the first update" in line for line in top.evidence), top.evidence
+    assert read_run(out).snapshots[0].get("init_params_changed") is True
+    assert "init_params_changed" not in read_run(out).snapshots[1]
 
 
 @pytest.mark.parametrize("before_wrap", [False, True])

@@ -20,11 +20,14 @@ class InitMismatch(Rule):
     `parameter_broadcast=True` does; PyNative ignores it); a hand-written PyTorch
     loop does not either, and DDP's broadcast hides an unseeded init.
 
+    Also when the weights were equal at the DDP wrap and a checkpoint or pretrained
+    state was loaded on some ranks only after it: the wrap's broadcast is already over.
+
     **Quick check:** print a checksum of the first layer's weights on every rank before step 1.
 
     **Fix:** seed every rank identically before creating the model (`ms.set_seed(s)` and
     `ds.config.set_seed(s)`; `torch.manual_seed(s)`), or broadcast rank 0's parameters
-    at start.
+    at start; load a checkpoint on every rank, or before wrapping the model.
     """
 
     code = "SD501"
@@ -43,7 +46,7 @@ class InitMismatch(Rule):
             where = " within replica groups" if ev.placement.replica else ""
             evidence.append(
                 f"parameters differ before the first update{where}: {distinct} distinct initial "
-                f"weights across {compared} ranks (fingerprinted when the probe attached)"
+                f"weights across {compared} ranks"
             )
             ranks = odd
         elif initial is not None and initial[2] == len(ev.snapshots):
@@ -63,8 +66,16 @@ class InitMismatch(Rule):
         seeds = ev.differing("seed", "torch_initial_seed") or ev.differing("seed", "ms_seed")
         if seeds:
             evidence.append("seeds differ: " + describe_split(seeds))
+        # Weights equal at the wrap that changed on some ranks before the first update:
+        # loaded, not drawn, so the seeds and generators say nothing about it.
+        changed = sorted(r for r, v in ev.snapshot_values("init_params_changed").items() if v) if init else []
+        if changed:
+            evidence.append(
+                f"the weights were equal at the DDP wrap (after its broadcast) and changed on {fmt_ranks(changed)} "
+                "before the first update: state loaded into the model after the wrap, on some ranks only"
+            )
         rng = ev.differing("rng")
-        if rng and not seeds:
+        if rng and not seeds and not changed:
             differ = sorted({k for v in rng.values() if isinstance(v, dict) for k in v if _differs(rng, k)})
             if differ:
                 evidence.append(f"the random generators' states differed when the probe attached: {', '.join(differ)}")
@@ -75,7 +86,15 @@ class InitMismatch(Rule):
                 f"({len(set(local.values()))} distinct): the initialisation is not seeded alike"
             )
         return self.found(
-            0.95 if init else 0.7, evidence, ranks=ranks, step=0, tensor=div.tensor if div else None, direct=bool(init)
+            0.95 if init else 0.7,
+            evidence,
+            title="Replicas started from different weights: state loaded on some ranks after the wrap"
+            if changed
+            else None,
+            ranks=ranks,
+            step=0,
+            tensor=div.tensor if div else None,
+            direct=bool(init),
         )
 
 

@@ -232,6 +232,10 @@ class Probe:
         self._init_param_fp = combine(init_fps)
         self._init_class_fps = self._per_class(init_fps)
         self._init_before_update = optimizer is None or not optimizer.state
+        # Bound later (at the first optimizer step, zero-code): the weights are taken again
+        # there, before its update, where state loaded after the wrap has landed.
+        self._init_taken_at_bind = optimizer is not None
+        self.init_params_changed = False
         self.opt_state_replicated = True
         self._guard(self._install_model_hooks)
         # A model rebuilt in the same process (checkpoint, rebuild, load, resume) is the
@@ -286,6 +290,7 @@ class Probe:
 
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
         self._take_over_from_rebuilt()
+        self._weights_before_first_update()
         if self._reduced_ids is not None:
             self._outside_reducer = _outside_every_reducer(self.module, optimizer)
         self._handles.append(StepWatch(optimizer, self._after_step_hook))
@@ -304,6 +309,8 @@ class Probe:
             init_param_fp=self._init_param_fp,
         )
         snapshot["init_param_fp_before_update"] = self._init_before_update and self.opt_steps == 0
+        if self.init_params_changed:
+            snapshot["init_params_changed"] = True
         if self.segment > 1:
             snapshot["segment"] = self.segment
         self.opt_state_replicated = type(optimizer).__name__ != "ZeroRedundancyOptimizer"  # ZeRO shards it
@@ -327,6 +334,19 @@ class Probe:
                 self.checker = CrossRankCheck(self, timeout_s=self.check_timeout_s())
             except Exception as exc:  # no store to reach: records without the live check
                 self._event("check_unavailable", f"live cross-rank check unavailable: {type(exc).__name__}: {exc}", 0)
+
+    def _weights_before_first_update(self) -> None:
+        """The initial weights once more, at the first optimizer step and before its update,
+        when the probe began watching earlier (at the DDP wrap, just after its broadcast).
+        Weights the wrap's broadcast made equal can still part before any update: a
+        checkpoint or pretrained state loaded into the model on some ranks only, after the
+        wrap. The fingerprint of the wrap would call those replicas equal at the start."""
+        if self._init_taken_at_bind or self.segment > 1 or self.opt_steps or not self._init_before_update:
+            return
+        fps = fingerprints(p for _, p in self._named_params)
+        if combine(fps) != self._init_param_fp:
+            self._init_param_fp, self._init_class_fps = combine(fps), self._per_class(fps)
+            self.init_params_changed = True
 
     def check_timeout_s(self) -> float:
         """How long a reader waits for a rank's check before reporting it as not
