@@ -36,4 +36,5 @@ def attach(model: Any, optimizer: Any = None, **kwargs: Any) -> Any:
     probe = core.attach(model, optimizer, **kwargs)
     if isinstance(probe, core.Probe):
         auto.observe_losses()
+        auto.observe_gradient_reduces()
     return probe

@@ -155,8 +155,9 @@ STEP = (
     _f(
         "grad_reduced_fp",
         "int",
-        "fingerprint of the gradients right after the update's last synchronised backward() "
-        "returned: DDP's all-reduce done, no user code after it yet (detailed steps, DDP)",
+        "fingerprint of the gradients right after the reduce, before any user code on them: as "
+        "the update's last synchronised backward() returned (DDP), or as each gradient's "
+        "synchronous dist.all_reduce returned (a hand-written loop) (detailed steps)",
         by=(TORCH,),
     ),
     _f(

@@ -47,6 +47,7 @@ LAUNCHES = [
     ("join_job.py", 2, 5, "--no-join"),
     ("hand_average_job.py", 2, 5),
     ("hand_average_job.py", 2, 5, "--write-back"),
+    ("hand_average_job.py", 2, 5, "--write-back", "--noise-after-average"),
 ]
 
 
@@ -249,6 +250,33 @@ def test_a_hand_written_average_that_drops_a_missing_gradient_is_named_at_the_ba
     assert (top.code, top.category, top.ranks, top.step) == ("SD410", "sync.incomplete_reduce", [0], 1), top
     assert top.tensor is not None and top.tensor.startswith("rare_head.")
     assert "SD507" not in {f.code for f in diag.findings}
+
+
+@pytest.mark.parametrize("noise", [False, True])
+def test_a_hand_written_all_reduce_is_observed_where_it_returns(launched, noise: bool) -> None:
+    """scripts/hand_average_job.py --write-back: no DDP wrapper, the reduce is the
+    script's own dist.all_reduce of each gradient. The probe fingerprints what each
+    call returned (grad_reduced_fp, equal on both ranks at the detailed checks). With
+    noise drawn per rank after the average, the gradients at the update differ: the
+    cause is what came after the all-reduce (SD412), not the reduce op (SD403: the
+    update's gradients are larger than the local ones, but a sum would be one tensor on
+    every rank) and not an incomplete reduce."""
+    out = launched(("hand_average_job.py", 2, 5, "--write-back", *(["--noise-after-average"] if noise else [])))
+    steps = read_run(out).steps
+    reduced = steps.filter(steps["grad_reduced_fp"].is_not_null())
+    assert reduced.height >= 2, "no hand-written reduce observed"
+    per_check = reduced.group_by("step").agg(pl.col("grad_reduced_fp").n_unique().alias("k"), pl.len().alias("n"))
+    assert per_check["k"].to_list() == [1] * per_check.height and set(per_check["n"]) == {2}
+    diag = diagnose([out])
+    if not noise:
+        assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
+        return
+    top = diag.findings[0]
+    assert (top.code, top.category, top.stage) == ("SD412", "optim.state_mismatch", "grads_at_update"), [
+        (f.code, f.evidence) for f in diag.findings
+    ]
+    assert any("same gradient right after the all-reduce" in line for line in top.evidence)
+    assert "SD403" not in {f.code for f in diag.findings}
 
 
 def test_an_optimizer_state_resumed_on_one_rank_is_named_at_the_first_check(torchrun) -> None:

@@ -70,18 +70,26 @@ class Reduce(Facet):
     @cached_property
     def excess(self) -> dict[str, float] | None:
         """Post-reduce norm over the mean local pre-reduce norm, per step. Averaging
-        can never exceed 1 (triangle inequality); a sum of aligned gradients does."""
+        can never exceed 1 (triangle inequality); a sum of aligned gradients does.
+        Only steps at which every rank updated from the same gradient count: a sum
+        delivers one tensor to every rank, so where the ranks' gradients at the update
+        differ, what made them larger came after the reduce (grad_norm is read at the
+        update), and the ratio says nothing about the reduce op."""
         if not self.ev.has_records or "grad_norm_local" not in self.ev.steps.columns:
             return None
         rows = self.ev.steps.filter(pl.col("grad_norm_local").is_not_null() & pl.col("grad_norm").is_not_null())
         if rows.height < 2:
             return None
+        # (Under sharding each rank's grad_fp is its own shard's: no replica to compare.)
+        compared = "grad_fp" in rows.columns and not self.replicas.placement.replica
+        fp = pl.col("grad_fp") if compared else pl.lit(None, dtype=pl.Int64)
         per_step = rows.group_by("step").agg(
             pl.col("grad_norm").median().alias("post"),
             pl.col("grad_norm_local").mean().alias("pre"),
             pl.len().alias("n"),
+            fp.drop_nulls().n_unique().alias("grads_at_update"),
         )
-        per_step = per_step.filter(pl.col("n") > 1)
+        per_step = per_step.filter((pl.col("n") > 1) & (pl.col("grads_at_update") <= 1))
         if not per_step.height:
             return None
         ratio = per_step["post"] / per_step["pre"]

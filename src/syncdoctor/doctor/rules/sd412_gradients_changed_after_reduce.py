@@ -22,7 +22,7 @@ class GradientsChangedAfterReduce(Rule):
     gradients on some ranks only: `clip_grad_norm_` inside an `if rank == 0:` logging
     block, a GradScaler whose `init_scale` comes from a per-node setting (each rank
     unscales the same averaged gradient by its own scale), a manual rescale under a
-    rank branch.
+    rank branch, noise added to the averaged gradients from a generator seeded per rank.
 
     **Quick check:** right before `optimizer.step()`, print
     `torch.cat([p.grad.flatten() for p in model.parameters()]).norm()` on every rank,
@@ -31,7 +31,9 @@ class GradientsChangedAfterReduce(Rule):
 
     **Fix:** run every change of the gradients between backward and the update on every
     rank alike: clip outside rank branches (log on rank 0, clip everywhere), build the
-    GradScaler from one setting on every rank, scale by the world size everywhere.
+    GradScaler from one setting on every rank, scale by the world size everywhere; draw
+    gradient noise from a generator seeded alike on every rank (or add it before the
+    all-reduce).
     """
 
     code = "SD412"
@@ -68,6 +70,13 @@ class GradientsChangedAfterReduce(Rule):
                 f"step {changed.step}: the ranks updated from different gradients (grad_fp: {sides}): code "
                 "between backward() and the update (clipping, unscaling, manual scaling, a rank branch) changed them",
             ]
+            if ev.differing("rng", "torch"):
+                # (Python's and NumPy's generators differ per process unless seeded: no sign.)
+                evidence.append(
+                    "torch's default random generator differed across ranks when the probe attached "
+                    "(seeded per rank): a random change between the all-reduce and the update "
+                    "(gradient noise, random masking) draws differently on each rank"
+                )
         div = ev.replicas.divergence
         if div is not None:
             evidence.append(f"the replicas part at step {div.step}")

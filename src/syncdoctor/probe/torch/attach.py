@@ -339,6 +339,31 @@ def observe_losses() -> None:
     safety.patch_once(GradScaler, "_maybe_opt_step", _make_scaler_step)
 
 
+def _after_all_reduce(tensor: Any) -> None:
+    if isinstance(tensor, torch.Tensor):
+        for probe in STATE.probes:
+            probe.after_all_reduce(tensor)
+
+
+def _make_all_reduce(original: Callable[..., Any]) -> Callable[..., Any]:
+    def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(tensor, *args, **kwargs)
+        # A synchronous call returns None, the reduced values in place. Traced code
+        # (torch.compile) is left as it is: dynamo rewrites all_reduce itself.
+        if result is None and STATE.probes and not torch.compiler.is_compiling():
+            _safe(_after_all_reduce, tensor)
+        return result
+
+    return all_reduce
+
+
+def observe_gradient_reduces() -> None:
+    """What each synchronous `dist.all_reduce` returns, for the active probes: in a
+    hand-written data-parallel loop (no DDP wrapper) the reduce of each gradient is such
+    a call. Zero-code mode and `attach()` alike. Idempotent."""
+    safety.patch_once(dist, "all_reduce", _make_all_reduce)
+
+
 def _note_join() -> None:
     for probe in STATE.probes:
         if not probe.closed:
@@ -397,6 +422,7 @@ def install() -> None:
     safety.patch_once(Join, "__enter__", make_join_enter)
     safety.patch_once(DistributedDataParallel, "__init__", make_ddp_init)
     observe_losses()
+    observe_gradient_reduces()
     safety.patch_once(DataLoader, "__init__", _remember(_loaders))
     safety.patch_once(_Loss, "__init__", _remember(_loss_modules))
     register_optimizer_step_pre_hook(lambda *a: _safe(_before_any_step, *a))

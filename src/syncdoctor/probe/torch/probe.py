@@ -177,6 +177,11 @@ class Probe:
         # yet), beside grad_fp at the update: tells the reduce from what changed the
         # gradients between it and the update (clipping, unscaling, a rank branch).
         self._reduced_grad_fp: int | None = None
+        # The same for a hand-written loop (no DDP wrapper), where the reduce is the
+        # user's own `dist.all_reduce` of each gradient: each result's fingerprint as the
+        # call returned, by (data pointer, size), matched to the gradients at the update.
+        # The tensor is held until then, so that its memory is not reused under that key.
+        self._hand_reduced: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}
         # At measured steps: each gradient and its in-place version counter as that same
         # backward() returned. At the update, the writes into them since (clip_grad_norm_,
         # GradScaler's unscale_ and manual scaling write in place; a new tensor counts one)
@@ -540,6 +545,36 @@ class Probe:
             and (self.layout is None or not self.layout.sharded)
         ):
             self._guard(self._measure_reduced_grads)
+        if self._hand_reduced:
+            # A hand-written loop's reduces before this backward are not what the update reads.
+            self._hand_reduced = {}
+
+    def after_all_reduce(self, tensor: torch.Tensor) -> None:
+        """A synchronous `dist.all_reduce(tensor)` returned. Without a DDP wrapper, an
+        all_reduce of a parameter's gradient is the data-parallel reduce itself (a
+        hand-written loop): at detailed steps its result is fingerprinted here, what
+        DDP's synchronised backward() returning is for a wrapped model. A gradient
+        reduced through a flat buffer or an async call is not matched: the record then
+        holds no grad_reduced_fp (not observed)."""
+        if self.disabled or self._wrapper is not None or not self._detailed:
+            return
+        if self.layout is not None and self.layout.sharded:
+            return
+        self._hand_reduced[(tensor.data_ptr(), tensor.numel())] = (tensor, fingerprints([tensor])[0])
+
+    def _hand_reduced_fp(self, grads: list[torch.Tensor | None]) -> int | None:
+        """The gradients as the user's all_reduce calls left them, where every
+        gradient the update read is the memory of one such call since the last backward()."""
+        reduced, self._hand_reduced = self._hand_reduced, {}
+        if not reduced:
+            return None
+        fps = []
+        for grad in grads:
+            hit = reduced.get((grad.data_ptr(), grad.numel())) if grad is not None else (None, 0)
+            if hit is None:
+                return None
+            fps.append(hit[1])
+        return combine(fps)
 
     def _measure_reduced_grads(self) -> None:
         grads = [p.grad for p in self._params]
@@ -844,6 +879,8 @@ class Probe:
         present = [local_shard(g) for g in grads if g is not None]  # this rank's shards: no collective
         grad_fps = fingerprints(grads, cache=self._views, kind="grad")
         out["grad_fp"] = combine(grad_fps) if present else None
+        if self._wrapper is None:
+            self._reduced_grad_fp = self._hand_reduced_fp(grads)
         if self._reduced_grad_fp is not None:
             out["grad_reduced_fp"], self._reduced_grad_fp = self._reduced_grad_fp, None
         state, owner = self._optimizer_state()

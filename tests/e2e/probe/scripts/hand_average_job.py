@@ -3,7 +3,9 @@ torch tutorial do it) and an auxiliary head that a batch uses only when it holds
 samples of the rare class, so some ranks skip it at some steps. The average reduces a
 zero stand-in for a gradient a rank did not produce and drops it: those ranks keep no
 gradient there and do not update the head. With --write-back the reduced tensor is
-assigned to `p.grad` on every rank (healthy)."""
+assigned to `p.grad` on every rank (healthy). --noise-after-average adds "gradient
+noise" to the averaged gradients from a generator seeded per rank (the all-reduce is
+right; what comes after it differs per rank)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=30)
 p.add_argument("--write-back", action="store_true")
+p.add_argument("--noise-after-average", action="store_true")
 args = p.parse_args()
 
 dist.init_process_group("gloo")
@@ -24,6 +27,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 torch.set_num_threads(1)
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(3)
+noise = torch.Generator().manual_seed(100 + rank)
 inputs, labels = torch.randn(4096, 16, generator=g), torch.randint(0, 6, (4096,), generator=g)
 
 
@@ -46,6 +50,8 @@ def average_gradients() -> None:
         grad /= world
         if args.write_back:
             param.grad = grad
+        if args.noise_after_average:
+            grad.add_(torch.randn(grad.shape, generator=noise) * 0.1)
 
 
 for step in range(args.steps):
