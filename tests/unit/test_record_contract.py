@@ -51,6 +51,10 @@ TORCH_NOT_IN_SHORT_RUN = {
         ("step", name): "gradient accumulation under no_sync only (tests/e2e/probe/test_round_trip.py)"
         for name in ("syncs", "discarded")
     },
+    **{
+        ("step", name): "an update none of whose backward calls synchronised only (tests/e2e/probe/test_round_trip.py)"
+        for name in ("unsynced_updates", "unsynced_first")
+    },
     ("end", "pending_syncs"): "a rank that ends between backward and update only (tests/e2e/probe/test_round_trip.py)",
     **{
         ("event", name): "events come from probe failures and heals (tests/e2e/probe/test_heal.py)"

@@ -195,6 +195,14 @@ STEP = (
         by=(TORCH,),
     ),
     _f(
+        "unsynced_updates",
+        "int",
+        "DDP, at checks, so far, absent when none: updates none of whose backward() calls since "
+        "the previous update synchronised (all inside no_sync): the update read unaveraged gradients",
+        by=(TORCH,),
+    ),
+    _f("unsynced_first", "int", "the step of the first of them", by=(TORCH,)),
+    _f(
         "discarded",
         "int",
         "so far, absent when none: no_sync backward passes whose gradients were set to None before any update read them (not counted in micro or backward)",

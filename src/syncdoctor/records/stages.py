@@ -95,8 +95,18 @@ STAGES: tuple[Stage, ...] = (
         "sync_schedule",
         "collectives and sync schedule",
         "the ranks issue the same collectives at the same micro-steps (no_sync, accumulation "
-        "counters) and run the same number of micro-steps and updates",
-        ("step.syncs", "step.micro", "step.backward", "step.opt_steps", "step.discarded", "end.pending_syncs"),
+        "counters), every update follows a synchronised backward, and the ranks run the same "
+        "number of micro-steps and updates",
+        (
+            "step.syncs",
+            "step.unsynced_updates",
+            "step.unsynced_first",
+            "step.micro",
+            "step.backward",
+            "step.opt_steps",
+            "step.discarded",
+            "end.pending_syncs",
+        ),
     ),
     Stage(
         "reduced",

@@ -33,6 +33,7 @@ LAUNCHES = [
     (*DDP, "--steps", "23", "--resume-momentum-rank", "0"),
     (*DDP, "--steps", "20", "--accumulate", "0:2"),
     (*DDP, "--steps", "20", "--accumulate", "2"),
+    (*DDP, "--steps", "20", "--accumulate", "2", "--unsynced-every", "4"),
     (*DDP, "--steps", "20", "--clip", "0:0.05"),
     (*DDP, "--steps", "20", "--clip", "all:0.05"),
     (*DDP, "--steps", "20", "--clip", "0:inf"),
@@ -307,6 +308,26 @@ def test_a_sync_schedule_that_differs_across_ranks_is_named_at_the_backward(torc
     top = diag.findings[0]
     assert (top.code, top.category, top.step, top.ranks) == ("SD411", "sync.step_misalignment", 1, [0, 1]), top
     assert "backward call 1 of update 1" in top.evidence[0]
+
+
+def test_an_update_that_read_unaveraged_gradients_on_every_rank_is_named(torchrun) -> None:
+    """ddp_train.py --accumulate 2 --unsynced-every 4: every 4th update's last micro-step
+    also runs inside no_sync on both ranks. The schedules agree ("nn" everywhere: no
+    SD411, no hang), but those updates read each rank's own gradient: the probe counts
+    them (unsynced_updates, first at step 4) and SD413 names the sync schedule, not the
+    optimizer. Its twin, --accumulate 2 alone, is healthy (the test above)."""
+    out = torchrun("--steps", "20", "--accumulate", "2", "--unsynced-every", "4")
+    checks = read_run(out).steps.filter(pl.col("param_fp").is_not_null() & (pl.col("step") >= 5))
+    assert set(checks["unsynced_first"].to_list()) == {4}
+    assert checks.filter(pl.col("step") == 20)["unsynced_updates"].to_list() == [5, 5]
+    top = diagnose([out]).findings[0]
+    assert (top.code, top.category, top.stage, top.step, top.ranks) == (
+        "SD413",
+        "sync.incomplete_reduce",
+        "sync_schedule",
+        4,
+        [],
+    )
 
 
 @pytest.mark.parametrize("clip", ["0:0.05", "all:0.05", "0:inf"])

@@ -52,6 +52,17 @@ class ChangedAfterReduce:
     per_rank: dict[int, int]  # rank -> its writes, or its grad_fp at the update
 
 
+@dataclass(frozen=True)
+class UnsyncedUpdates:
+    """The first check at which some rank had applied updates none of whose backward()
+    calls synchronised (probe fields unsynced_updates, unsynced_first): per rank, how
+    many so far and the step of the first (ranks with none: absent)."""
+
+    step: int  # the check that first showed them
+    count: dict[int, int]
+    first: dict[int, int]
+
+
 def _first_apart(schedules: dict[int, str]) -> int | None:
     """The first call index (0-based) where two ranks' schedules hold different flags."""
     for call in range(min(map(len, schedules.values()), default=0)):
@@ -187,6 +198,24 @@ class Reduce(Facet):
     def _apart(step: int, call: int, schedules: dict[int, str], at_end: bool) -> SyncApart:
         synced = {r: s[call] == "s" for r, s in schedules.items()}
         return SyncApart(step, call + 1, synced, schedules, at_end)
+
+    @cached_property
+    def unsynced_updates(self) -> UnsyncedUpdates | None:
+        """Updates that read gradients no all-reduce averaged: every backward() since the
+        previous update ran inside no_sync, on some ranks or on all."""
+        steps = self.ev.steps
+        if not self.ev.has_records or "unsynced_updates" not in steps.columns:
+            return None
+        rows = steps.filter(pl.col("unsynced_updates").is_not_null())
+        if rows.height == 0:
+            return None
+        step = int_of(rows["step"].min())
+        at = rows.filter(pl.col("step") == step).unique("rank", keep="last")
+        return UnsyncedUpdates(
+            step,
+            {int(r): int(n) for r, n in zip(at["rank"], at["unsynced_updates"], strict=True)},
+            {int(r): int(f) for r, f in zip(at["rank"], at["unsynced_first"], strict=True)},
+        )
 
     @cached_property
     def changed_after_reduce(self) -> ChangedAfterReduce | None:

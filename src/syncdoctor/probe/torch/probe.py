@@ -197,6 +197,11 @@ class Probe:
         self._grads_missing = 0
         self._grads_missing_fp = 0
         self._grads_missing_first: str | None = None
+        # Updates of a DDP model none of whose backward() calls since the previous update
+        # synchronised (all inside no_sync): the optimizer read this rank's own, never
+        # averaged gradients. How many so far, and the first one's step.
+        self._unsynced_updates = 0
+        self._unsynced_first = 0
         # what the current iteration reported
         self._losses: list[torch.Tensor | float] = []  # through probe.loss()
         self._auto_losses: list[torch.Tensor] = []  # scalars that reached backward()
@@ -685,6 +690,9 @@ class Probe:
         micro = backward - self._backward_at_last_step
         self._backward_at_last_step = backward
         syncs, self._syncs = self._syncs, ""
+        if stepped and syncs and "s" not in syncs:
+            self._unsynced_updates += 1
+            self._unsynced_first = self._unsynced_first or step
         now = time.time()
         loss = self._mean_loss()
         lr = self._lr()
@@ -855,6 +863,9 @@ class Probe:
         if self._grads_missing:
             out["grads_missing_first"] = self._grads_missing_first
             out["grads_missing_fp"] = to_int64(self._grads_missing_fp)
+        if self._unsynced_updates:
+            out["unsynced_updates"] = self._unsynced_updates
+            out["unsynced_first"] = self._unsynced_first
         tensor_fps = fingerprints(params, cache=self._views, kind="param")
         out["param_fp"] = combine(tensor_fps)
         if (self.layout is None or not self.layout.sharded) and self.opt_state_replicated:

@@ -4,7 +4,8 @@ must attach to. Options used by the tests: --exit-code (end with that code),
 --accumulate N (N micro-steps per update, the first N-1 under `no_sync`), --clip all:NORM,
 and the silent bugs --odd-weight-decay-rank R, --nan-at RANK:STEP, --accumulate RANK:N
 (that rank alone accumulates N micro-steps: a per-node config that drifted) and
---clip RANK:NORM (that rank alone clips the averaged gradients).
+--clip RANK:NORM (that rank alone clips the averaged gradients) and --unsynced-every N
+(every N-th update reads unaveraged gradients on every rank).
 
 With SYNCDOCTOR_TEST_PAUSE="where:rank:step" (kill tests only) one rank stops at a
 chosen point (mid-record, just before the check, inside the comm hook), writes
@@ -56,6 +57,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     # Gradient clipping between backward and the update, on RANK only or on "all"
     # ("0:0.05"): the all-reduce delivers the same gradient, one rank then rescales it.
     p.add_argument("--clip", default=None)
+    # Every N-th update's last micro-step also runs inside no_sync, on every rank (a
+    # flush at the end of an epoch that still counted as an accumulation step): the
+    # update reads each rank's own gradients, though the ranks agree on the schedule.
+    p.add_argument("--unsynced-every", type=int, default=0)
     return p.parse_args(argv)
 
 
@@ -154,7 +159,8 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
         for x, y in loader:
             micro += 1
             last_micro = micro == micro_steps
-            with contextlib.nullcontext() if last_micro else model.no_sync():
+            unsynced = args.unsynced_every and (state["step"] + 1) % args.unsynced_every == 0
+            with contextlib.nullcontext() if last_micro and not unsynced else model.no_sync():
                 loss = loss_fn(model(x), y)
                 if nan_rank in ("all", str(rank)) and state["step"] + 1 >= int(nan_step):
                     loss = loss * float("nan")
