@@ -31,6 +31,7 @@ LAUNCHES = [
     (*DDP, "--steps", "23", "--part-at", "1:22"),
     (*DDP, "--steps", "23", "--edit-after-training", "0"),
     (*DDP, "--steps", "23", "--resume-momentum-rank", "0"),
+    (*DDP, "--steps", "110", "--scale-data-at", "0:32"),
     (*DDP, "--steps", "20", "--accumulate", "0:2"),
     (*DDP, "--steps", "20", "--accumulate", "2"),
     (*DDP, "--steps", "20", "--accumulate", "2", "--unsynced-every", "4"),
@@ -308,6 +309,23 @@ def test_a_sync_schedule_that_differs_across_ranks_is_named_at_the_backward(torc
     top = diag.findings[0]
     assert (top.code, top.category, top.step, top.ranks) == ("SD411", "sync.step_misalignment", 1, [0, 1]), top
     assert "backward call 1 of update 1" in top.evidence[0]
+
+
+def test_weights_changed_through_data_outside_the_update_are_named_there(torchrun) -> None:
+    """ddp_train.py --scale-data-at 0:32: rank 0 scales its weights through p.data after
+    update 32 (EMA weights copied in and not restored). torch's version counters do not
+    count such writes, so the write counts agree (no SD507); at the next detailed check
+    (step 100) the reduced gradients and the optimizer state agree while the weights do
+    not: SD508 names a change outside the update, not the optimizer (SD601) and not a
+    flipped bit (every tensor changed), and says what the sparse checks cannot rule out."""
+    out = torchrun("--steps", "110", "--scale-data-at", "0:32")
+    checks = read_run(out).steps.filter(pl.col("param_writes").is_not_null())
+    assert checks.group_by("step").agg(pl.col("param_writes").n_unique())["param_writes"].max() == 1
+    diag = diagnose([out])
+    top = diag.findings[0]
+    assert (top.code, top.category, top.stage, top.step) == ("SD508", "model.init_mismatch", "params", 35), top
+    assert any("--check-every 1" in line for line in top.evidence)
+    assert not {"SD601", "SD971", "SD507"} & {f.code for f in diag.findings}
 
 
 def test_an_update_that_read_unaveraged_gradients_on_every_rank_is_named(torchrun) -> None:

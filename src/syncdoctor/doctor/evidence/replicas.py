@@ -37,6 +37,18 @@ class Divergence:
     last_agree_step: int | None = None
 
 
+# A flipped value changes the one tensor that holds it: the all-reduce keeps every other
+# tensor equal across replicas. A change that reaches more than this share of the
+# tensors (and more than two) comes from code that treats a rank apart.
+CONFINED_SHARE = 0.25
+
+
+def confined(reach: tuple[int, int]) -> bool:
+    """(tensors that differ, tensors compared): few enough for one flipped value."""
+    parted, compared = reach
+    return parted <= max(2, CONFINED_SHARE * compared)
+
+
 class Replicas(Facet):
     """``ev.replicas``: whether, where and how the replicas parted."""
 
@@ -179,6 +191,20 @@ class Replicas(Facet):
             for index, values in enumerate(zip(*rows, strict=False)):
                 if len(set(values)) > 1:
                     return str(names[index]) if names and index < len(names) else f"parameter #{index}"
+        return None
+
+    def tensors_parted(self, step: int) -> tuple[int, int] | None:
+        """(tensors that differ, tensors compared) at the first live mismatch at or after
+        `step` that counted them (probe/torch/check.py), else None."""
+        for check in sorted((c for c in self.ev.checks if c.get("status") == "mismatch"), key=lambda c: c["step"]):
+            reach = (check.get("detail") or {}).get("tensors_differ")
+            if (
+                check["step"] >= step
+                and isinstance(reach, list)
+                and len(reach) == 2
+                and all(isinstance(n, int) for n in reach)
+            ):
+                return reach[0], reach[1]
         return None
 
     def agree_after(self, kind: str, step: int) -> bool | None:

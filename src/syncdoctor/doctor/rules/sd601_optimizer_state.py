@@ -78,6 +78,9 @@ class OptimizerStateMismatch(Rule):
             and not ({"grad", "counter", "mode", "buffer"} & set(div.what))
             and (div.step != first_step or started_alike)
             and ev.replicas.agree_after("grad", div.step) is True
+            # The optimizer state measured after the parting and equal: the update read
+            # the same inputs everywhere (the weights changed outside it: SD508).
+            and ev.replicas.agree_after("opt", div.step) is not True
         )
         if state_only and div is not None:
             evidence.append(

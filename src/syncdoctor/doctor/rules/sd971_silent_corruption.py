@@ -5,6 +5,7 @@ from typing import Any
 import polars as pl
 
 from syncdoctor.doctor.evidence import Evidence, int_of
+from syncdoctor.doctor.evidence.replicas import confined
 from syncdoctor.doctor.model import Finding
 from syncdoctor.doctor.rules.base import Rule
 from syncdoctor.rulebook import fmt_ranks
@@ -34,30 +35,6 @@ SNAPSHOT_ALIKE = (
     ("tensors",),
 )
 DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "ASCEND_DEVICE_ID", "DEVICE_ID", "LOCAL_RANK")
-# A flipped value changes the one tensor that holds it: the all-reduce keeps every other
-# tensor equal across replicas. A change that reaches more than this share of the
-# tensors (and more than two) comes from code that treats a rank apart.
-CONFINED_SHARE = 0.25
-
-
-def reach_of(ev: Evidence, step: int) -> tuple[int, int] | None:
-    """(tensors that differ, tensors compared) at the first live mismatch at or after
-    `step` that counted them (probe/torch/check.py), else None."""
-    for check in sorted((c for c in ev.checks if c.get("status") == "mismatch"), key=lambda c: c["step"]):
-        reach = (check.get("detail") or {}).get("tensors_differ")
-        if (
-            check["step"] >= step
-            and isinstance(reach, list)
-            and len(reach) == 2
-            and all(isinstance(n, int) for n in reach)
-        ):
-            return reach[0], reach[1]
-    return None
-
-
-def confined(reach: tuple[int, int]) -> bool:
-    parted, compared = reach
-    return parted <= max(2, CONFINED_SHARE * compared)
 
 
 def device_of(ev: Evidence, rank: int) -> dict[str, Any]:
@@ -130,7 +107,7 @@ class SilentCorruption(Rule):
             return None  # apart from the start: initialisation or set-up, not a flip
         if ev.events.rebuilt_within(div.last_agree_step, div.step) is not None:
             return None  # apart from a rebuild's start: the state loaded, not a flip (SD505)
-        reach = reach_of(ev, div.step)
+        reach = ev.replicas.tensors_parted(div.step)
         if reach is not None and not confined(reach):
             return None  # most tensors changed at once: a rank treated apart by code, not a flip
         world = ev.world_size or len(ev.ranks)

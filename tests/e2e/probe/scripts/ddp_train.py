@@ -5,7 +5,9 @@ must attach to. Options used by the tests: --exit-code (end with that code),
 and the silent bugs --odd-weight-decay-rank R, --nan-at RANK:STEP, --accumulate RANK:N
 (that rank alone accumulates N micro-steps: a per-node config that drifted) and
 --clip RANK:NORM (that rank alone clips the averaged gradients) and --unsynced-every N
-(every N-th update reads unaveraged gradients on every rank).
+(every N-th update reads unaveraged gradients on every rank); --scale-all-at and
+--scale-data-at RANK:STEP write the weights of one rank outside the update (counted by
+torch's version counters, and through `p.data`, not counted).
 
 With SYNCDOCTOR_TEST_PAUSE="where:rank:step" (kill tests only) one rank stops at a
 chosen point (mid-record, just before the check, inside the comm hook), writes
@@ -50,6 +52,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     # Every weight of RANK scaled once, after the optimizer step STEP ("0:12"): a rank-0
     # branch writing weights (an EMA copy, a checkpoint load), not a flipped bit.
     p.add_argument("--scale-all-at", default=None)
+    # The same through `p.data` (EMA weights copied in for a rank-0 evaluation and never
+    # restored): writes torch's version counters do not count.
+    p.add_argument("--scale-data-at", default=None)
     # A resume that loads the optimizer's state on RANK only (the momentum of a saved
     # run, under an `if rank == 0:`): every rank starts from the same weights.
     p.add_argument("--resume-momentum-rank", type=int, default=None)
@@ -149,6 +154,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
     nan_rank, nan_step = args.nan_at.split(":") if args.nan_at else (None, "0")
     part_rank, part_step = args.part_at.split(":") if args.part_at else (None, "0")
     scale_rank, scale_step = args.scale_all_at.split(":") if args.scale_all_at else (None, "0")
+    data_rank, data_step = args.scale_data_at.split(":") if args.scale_data_at else (None, "0")
     accumulate_rank, accumulate = args.accumulate.split(":") if ":" in args.accumulate else (str(rank), args.accumulate)
     micro_steps = int(accumulate) if accumulate_rank == str(rank) else 1
     clip_rank, clip_norm = args.clip.split(":") if args.clip else (None, "0")
@@ -180,6 +186,9 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
                 with torch.no_grad():
                     for p in model.module.parameters():
                         p.mul_(0.999)
+            if data_rank == str(rank) and state["step"] == int(data_step):
+                for p in model.module.parameters():
+                    p.data.mul_(0.999)
             print(f"rank {rank} step {state['step']} loss {loss.item():.4f}", flush=True)
             if state["step"] >= args.steps:
                 break
