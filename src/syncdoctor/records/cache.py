@@ -37,6 +37,8 @@ from typing import Any
 
 import polars as pl
 
+from syncdoctor.records import window
+
 CACHE_SUBDIR = Path(".syncdoctor") / "cache"
 CACHE_FILE = "records.parquet"
 # "0" turns the cache off (on by default: the diagnosis is byte for byte the same with it,
@@ -106,9 +108,18 @@ def load(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
         meta = json.loads(raw)
         if not isinstance(meta, dict) or meta.get("key") != key:
             return None
-        steps = pl.read_parquet(path)
-        if steps.height != meta["rows"] or str(steps.schema) != meta["schema"]:
-            return None
+        warnings = meta["warnings"]
+        limit = window.budget()
+        if limit and meta["rows"] > limit:
+            # a big run: the steps that matter and a sample of the rest (records/window.py)
+            steps, note = window.read_bounded(path, meta["rows"], limit)
+            if str(steps.schema) != meta["schema"]:
+                return None
+            warnings = [*warnings, note]
+        else:
+            steps = pl.read_parquet(path)
+            if steps.height != meta["rows"] or str(steps.schema) != meta["schema"]:
+                return None
         if steps.height:
             # as the reader leaves it (sorted by rank, then step); Parquet does not keep the flag
             steps = steps.with_columns(pl.col("rank").set_sorted())
@@ -118,7 +129,7 @@ def load(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
             "checks": meta["checks"],
             "events": meta["events"],
             "ends": {int(rank): rec for rank, rec in meta["ends"]},
-            "warnings": meta["warnings"],
+            "warnings": warnings,
             "ranks": meta["ranks"],
         }
     except Exception:  # missing, truncated, corrupt, unreadable, not ours: read the JSON lines
