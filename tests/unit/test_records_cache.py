@@ -15,7 +15,7 @@ import pytest
 
 from syncdoctor.doctor.diagnose import diagnose
 from syncdoctor.doctor.report import render_json
-from syncdoctor.records import cache
+from syncdoctor.records import cache, reader
 from syncdoctor.records.reader import RunRecords, read_run
 
 HOUR_AGO_NS = time.time_ns() - 3600 * 10**9
@@ -23,7 +23,8 @@ HOUR_AGO_NS = time.time_ns() - 3600 * 10**9
 
 @pytest.fixture(autouse=True)
 def _cache_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cache is opt-in for now (records/cache.py): these tests turn it on."""
+    """The cache is on by default (records/cache.py); these tests do not depend on
+    the environment they run in."""
     monkeypatch.setenv(cache.CACHE_ENV, "1")
 
 
@@ -221,12 +222,48 @@ def test_a_run_without_step_records_reads_alike_from_the_cache(tmp_path: Path) -
     assert none.steps.height == 0 and same(none, cold) and same(none, warm)
 
 
-def test_the_cache_is_off_unless_asked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Opt-in for now: with the variable unset, a read writes nothing beside the run."""
+def test_the_cache_is_on_unless_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On by default; SYNCDOCTOR_RECORDS_CACHE=0 writes nothing beside the run."""
     run = write_run(tmp_path / "run")
-    monkeypatch.delenv(cache.CACHE_ENV)
+    monkeypatch.setenv(cache.CACHE_ENV, "0")
     read_run(run)
     assert not cache.cache_path(run).exists()
-    monkeypatch.setenv(cache.CACHE_ENV, "1")
+    monkeypatch.delenv(cache.CACHE_ENV)
     read_run(run)
     assert cache.cache_path(run).is_file()
+
+
+def test_the_cache_is_built_one_rank_file_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold read parses each rank's step records alone (never the whole run's at
+    once) and streams them into the cache, reading the same as without it; the
+    scratch parts are gone afterwards."""
+    run = write_run(tmp_path / "run", ranks=3, torn=True)
+    none = read_run(run, use_cache=False)
+
+    def whole_run(*_: Any) -> pl.DataFrame:
+        raise AssertionError("the whole run's step records parsed at once")
+
+    monkeypatch.setattr(reader, "_parse_steps", whole_run)
+    cold = read_run(run)
+    assert cache.cache_path(run).is_file() and same(none, cold)
+    assert [p.name for p in cache.cache_path(run).parent.iterdir()] == [cache.CACHE_FILE]
+    assert same(none, read_run(run))
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (b'"rank":1,"step":5,', b'"rank":0,"step":5,'),  # a step record of another rank
+        (b'"rank":1,"step":5,', b'"rank":1,"step":4,'),  # a step twice
+        (b'"rank":1,"step":5,"micro":1', b'"rank":1,"step":5,"micro":x'),  # a value of another type
+    ],
+)
+def test_what_a_rank_alone_could_read_differently_is_read_as_before(tmp_path: Path, old: bytes, new: bytes) -> None:
+    """Where one rank's step records parsed alone could differ from the run parsed
+    together (their order once sorted, a corrupt line), the cache is built from the
+    whole run as before: the same records either way."""
+    run = write_run(tmp_path / "run")
+    path = run / "records" / "rank1.jsonl"
+    rewrite_keeping_stat(path, old, new)
+    none, cold, warm = read_run(run, use_cache=False), read_run(run), read_run(run)
+    assert same(none, cold) and same(none, warm)

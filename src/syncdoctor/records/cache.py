@@ -27,17 +27,22 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from syncdoctor.records import window
+
 CACHE_SUBDIR = Path(".syncdoctor") / "cache"
 CACHE_FILE = "records.parquet"
-# "1" turns the cache on. Off by default until the end-to-end tiers have run with it on
-# (it landed at the end of a session, checked by the fast tier only).
+# "0" turns the cache off (on by default: the diagnosis is byte for byte the same with it,
+# scripts/compare_diagnose.py --twice).
 CACHE_ENV = "SYNCDOCTOR_RECORDS_CACHE"
 _META_KEY = "syncdoctor.records"
 _FORMAT = 1  # of what this module writes; bump on any change to it
@@ -51,7 +56,7 @@ _READER_SOURCES = ("reader.py", "schema.py", "contract.py", "tail.py", "constant
 
 
 def enabled() -> bool:
-    return os.environ.get(CACHE_ENV, "0").strip() == "1"
+    return os.environ.get(CACHE_ENV, "1").strip() != "0"
 
 
 def cache_path(run_dir: Path) -> Path:
@@ -103,9 +108,18 @@ def load(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
         meta = json.loads(raw)
         if not isinstance(meta, dict) or meta.get("key") != key:
             return None
-        steps = pl.read_parquet(path)
-        if steps.height != meta["rows"] or str(steps.schema) != meta["schema"]:
-            return None
+        warnings = meta["warnings"]
+        limit = window.budget()
+        if limit and meta["rows"] > limit:
+            # a big run: the steps that matter and a sample of the rest (records/window.py)
+            steps, note = window.read_bounded(path, meta["rows"], limit)
+            if str(steps.schema) != meta["schema"]:
+                return None
+            warnings = [*warnings, note]
+        else:
+            steps = pl.read_parquet(path)
+            if steps.height != meta["rows"] or str(steps.schema) != meta["schema"]:
+                return None
         if steps.height:
             # as the reader leaves it (sorted by rank, then step); Parquet does not keep the flag
             steps = steps.with_columns(pl.col("rank").set_sorted())
@@ -115,33 +129,92 @@ def load(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
             "checks": meta["checks"],
             "events": meta["events"],
             "ends": {int(rank): rec for rank, rec in meta["ends"]},
-            "warnings": meta["warnings"],
+            "warnings": warnings,
             "ranks": meta["ranks"],
         }
     except Exception:  # missing, truncated, corrupt, unreadable, not ours: read the JSON lines
         return None
 
 
+def racy(key: dict[str, Any]) -> bool:
+    """Some rank file was written too recently to be cached (RACY_NS)."""
+    return any(mtime >= time.time_ns() - RACY_NS for _, _, mtime, _ in key["files"])
+
+
+@contextmanager
+def parts_folder(run_dir: Path) -> Iterator[Path | None]:
+    """A scratch folder in the cache folder for the parts of a cache being built, removed
+    afterwards; None where the run folder cannot be written to."""
+    folder = run_dir / CACHE_SUBDIR / f".parts.{os.getpid()}.{uuid.uuid4().hex}"
+    try:
+        folder.mkdir(parents=True)
+    except OSError:
+        yield None
+        return
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def drop(run_dir: Path) -> None:
+    try:
+        cache_path(run_dir).unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def save_lazy(
+    run_dir: Path, key: dict[str, Any], steps: pl.LazyFrame, rows: int, schema: pl.Schema, records: Any
+) -> bool:
+    """Keep a step frame that is not in memory (the reader's parts, streamed into one
+    file) with the rest of the reader's result (a RunRecords, whose steps are unset);
+    False where it could not be written."""
+    folder = run_dir / CACHE_SUBDIR
+    tmp = folder / f".{CACHE_FILE}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+    try:
+        text = json.dumps(_meta(key, rows, schema, records), separators=(",", ":"))
+        folder.mkdir(parents=True, exist_ok=True)
+        steps.sink_parquet(tmp, metadata={_META_KEY: text}, row_group_size=ROW_GROUP)
+        os.replace(tmp, folder / CACHE_FILE)
+        return True
+    except Exception:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        return False
+
+
+# Rows per Parquet row group: small enough that a query reading a few steps of a few
+# ranks decodes little more than it needs, big enough to compress well.
+ROW_GROUP = 1 << 17
+
+
+def _meta(key: dict[str, Any], rows: int, schema: pl.Schema, records: Any) -> dict[str, Any]:
+    return {
+        "key": key,
+        "rows": rows,
+        "schema": str(schema),
+        # rank keys become pairs: JSON's keys are strings
+        "snapshots": list(records.snapshots.items()),
+        "checks": records.checks,
+        "events": records.events,
+        "ends": list(records.ends.items()),
+        "warnings": records.warnings,
+        "ranks": records.ranks,
+    }
+
+
 def save(run_dir: Path, key: dict[str, Any], records: Any) -> None:
     """Keep the reader's result (a RunRecords); any failure (a read-only folder, a full
     disk) only means there is no cache."""
-    if any(mtime >= time.time_ns() - RACY_NS for _, _, mtime, _ in key["files"]):
+    if racy(key):
         return
     folder = run_dir / CACHE_SUBDIR
     tmp = folder / f".{CACHE_FILE}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
     try:
-        meta = {
-            "key": key,
-            "rows": records.steps.height,
-            "schema": str(records.steps.schema),
-            # rank keys become pairs: JSON's keys are strings
-            "snapshots": list(records.snapshots.items()),
-            "checks": records.checks,
-            "events": records.events,
-            "ends": list(records.ends.items()),
-            "warnings": records.warnings,
-            "ranks": records.ranks,
-        }
+        meta = _meta(key, records.steps.height, records.steps.schema, records)
         text = json.dumps(meta, separators=(",", ":"))
         folder.mkdir(parents=True, exist_ok=True)
         records.steps.write_parquet(tmp, metadata={_META_KEY: text})

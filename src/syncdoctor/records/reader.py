@@ -63,7 +63,8 @@ def read_run(run_dir: str | Path, *, use_cache: bool | None = None) -> RunRecord
     """A run folder's records. The first read of a finished run keeps them in a
     columnar cache beside it (records/cache.py), which the next read takes instead of
     the JSON lines while they are unchanged. ``use_cache``: None follows the
-    SYNCDOCTOR_RECORDS_CACHE variable (on when "1"; off by default for now)."""
+    SYNCDOCTOR_RECORDS_CACHE variable (on unless "0"). The cache is built one rank
+    file at a time (_convert), so building it needs memory for one rank, not the run."""
     run_dir = Path(run_dir)
     rec_dir = run_dir / RECORDS_SUBDIR
     if not rec_dir.is_dir():
@@ -76,8 +77,19 @@ def read_run(run_dir: str | Path, *, use_cache: bool | None = None) -> RunRecord
     # The key is taken before the files are read: a file that grows meanwhile makes
     # the cache look stale next time, never a stale cache look fresh.
     key = cache.source_key(rec_dir) if (cache.enabled() if use_cache is None else use_cache) else None
-    if key is not None and (kept := cache.load(run_dir, key)) is not None:
-        return RunRecords(run_dir=run_dir, **kept)
+    if key is not None:
+        if (kept := cache.load(run_dir, key)) is not None:
+            return RunRecords(run_dir=run_dir, **kept)
+        if (converted := _convert(run_dir, rec_dir, files, key)) is not None:
+            return converted
+    return _read_in_memory(run_dir, rec_dir, files, key)
+
+
+def _read_in_memory(
+    run_dir: Path, rec_dir: Path, files: list[tuple[int, Path]], key: dict[str, Any] | None
+) -> RunRecords:
+    """Every rank's step records parsed together, in memory (and kept in the cache when
+    ``key`` is given and the files did not change meanwhile)."""
     out = RunRecords(run_dir=run_dir)
     files = _plausible_files(files, out)
     step_chunks: list[bytes] = []
@@ -92,15 +104,119 @@ def read_run(run_dir: str | Path, *, use_cache: bool | None = None) -> RunRecord
             continue
         step_chunks.append(_read_rank_file(rank, path, data, out))
     out.steps = _parse_steps(b"".join(step_chunks), out)
+    _warn_missing(out)
+    if key is not None and all_read and cache.source_key(rec_dir) == key:
+        cache.save(run_dir, key, out)
+    return out
+
+
+def _warn_missing(out: RunRecords) -> None:
     world = out.world_size
     if world:
         missing = sorted(set(range(world)) - set(out.ranks))
         if missing:
             shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
             out.warnings.append(f"no record file for ranks [{shown}] of world size {world}")
-    if key is not None and all_read and cache.source_key(rec_dir) == key:
-        cache.save(run_dir, key, out)
-    return out
+
+
+def _convert(run_dir: Path, rec_dir: Path, files: list[tuple[int, Path]], key: dict[str, Any]) -> RunRecords | None:
+    """The cache built one rank file at a time, so that converting a big run never holds
+    more than one rank's JSON lines and step frame: each rank's step records parsed
+    alone and written as a Parquet part, the parts then streamed into the cache file,
+    which is read back as a warm read would. None (and the whole run read in memory, as
+    before) wherever that could read differently: a rank file with step records of
+    another rank, a step twice, a corrupt step line, an unreadable file; or where the
+    cache cannot be kept (files just written, a folder that cannot be written to)."""
+    if cache.racy(key):
+        return None
+    out = RunRecords(run_dir=run_dir)
+    files = _plausible_files(files, out)
+    with cache.parts_folder(run_dir) as parts_dir:
+        if parts_dir is None:
+            return None
+        parts: list[Path] = []
+        present: set[str] = set()
+        rows = unusable = 0
+        parsed = False
+        for rank, path in files:
+            out.ranks.append(rank)
+            try:
+                data = path.read_bytes()
+            except OSError:
+                return None
+            blob = _read_rank_file(rank, path, data, out)
+            del data
+            if not blob:
+                continue
+            part = _parse_part(rank, blob)
+            del blob
+            if part is None:
+                return None
+            frame, dropped = part
+            unusable += dropped
+            present.update(frame.columns)
+            parsed = True
+            if not frame.height:
+                continue
+            parts.append(parts_dir / f"{len(parts)}.parquet")
+            try:
+                frame.write_parquet(parts[-1])
+            except Exception:
+                return None
+            rows += frame.height
+            del frame
+        if unusable:
+            out.warnings.append(f"{unusable} step records without a usable rank or step skipped")
+        _warn_missing(out)
+        schema = {name: dtype for name, dtype in STEP_SCHEMA.items() if name in present}
+        if not parts:
+            # as the in-memory read leaves a run without usable step records: every
+            # column where there were none at all
+            out.steps = pl.DataFrame(schema=schema if parsed else STEP_SCHEMA)
+            if cache.source_key(rec_dir) != key:
+                return out
+            cache.save(run_dir, key, out)
+            return out
+        steps = pl.concat(
+            [
+                pl.scan_parquet(part)
+                .with_columns(
+                    pl.lit(None, dtype).alias(name) for name, dtype in schema.items() if name not in _part_columns(part)
+                )
+                .select(list(schema))
+                for part in parts
+            ]
+        )
+        if not cache.save_lazy(run_dir, key, steps, rows, pl.Schema(schema), out):
+            return None
+    kept = cache.load(run_dir, key)
+    if kept is None:
+        return None
+    if cache.source_key(rec_dir) != key:  # a file changed while it was read: not kept
+        cache.drop(run_dir)
+    return RunRecords(run_dir=run_dir, **kept)
+
+
+def _part_columns(part: Path) -> set[str]:
+    return set(pl.read_parquet_schema(part))
+
+
+def _parse_part(rank: int, blob: bytes) -> tuple[pl.DataFrame, int] | None:
+    """One rank's step records as _parse_steps makes them (its usable rows, and how many
+    it dropped), or None where a part parsed alone could differ from the whole run
+    parsed together: a corrupt line (the whole run is then read line by line), a record
+    of another rank, a step twice (their order after sorting the whole run)."""
+    try:
+        frame = pl.read_ndjson(io.BytesIO(blob), schema=_step_schema(blob), ignore_errors=True)
+    except Exception:
+        return None
+    usable = frame.filter(pl.col("step").is_not_null() & pl.col("rank").is_between(0, MAX_WORLD_SIZE - 1))
+    usable = _restore_nonfinite(usable).sort(["rank", "step"])
+    if usable.height and not (
+        (usable["rank"] == rank).all() and (usable.height == 1 or (usable["step"].diff().drop_nulls() > 0).all())
+    ):
+        return None
+    return usable, frame.height - usable.height
 
 
 def _plausible_files(files: list[tuple[int, Path]], out: RunRecords) -> list[tuple[int, Path]]:

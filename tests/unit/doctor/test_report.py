@@ -76,6 +76,24 @@ def test_terminal_big_run_lists_only_ranks_that_stand_out():
     assert "No findings." in plain
 
 
+def test_big_run_reports_name_the_odd_ranks_and_sum_up_the_others():
+    """1,024 ranks: the terminal and the HTML list the ranks that stand out and give
+    the others' envelope in one line (the range of each column), never 1,024 rows."""
+    ranks = [RankSummary(r, steps=1000, last_loss=1.0 + r / 1024, mean_loss=2.0, status="ok") for r in range(1024)]
+    ranks[517] = RankSummary(517, steps=600, last_loss=9.0, status="crashed", note="killed")
+    diag = Diagnosis(verdict="healthy", loss_shape=None, ranks=ranks)
+    envelope = (
+        "1023 more rank(s) look ordinary and are not listed: steps 1000; last loss 1–1.999 (median 1.499); mean loss 2"
+    )
+    plain, _ = _terminal(diag)
+    assert envelope in " ".join(plain.split())
+    page = render_html(diag)
+    assert envelope in page
+    table = page[page.index('<section id="ranks">') :]
+    table = table[: table.index("</section>")]
+    assert table.count("<tr>") == 2 and "killed" in table  # the header and rank 517
+
+
 def test_clean_and_formatting_helpers():
     assert clean("a" + ANSI_TITLE + "b" + ANSI_CLEAR + "c") == "abc"
     assert clean(OSC8_LINK) == "click"

@@ -88,3 +88,18 @@ def test_probe_disabled_on_a_rank_is_never_healthy(tmp_path: Path) -> None:
     diag = diagnose([run])
     assert diag.verdict == "inconclusive"
     assert "probe disabled itself on 1 of 2 ranks" in diag.warnings[0]
+
+
+def test_sd402_rhythm_tie_is_the_same_on_every_run() -> None:
+    """Two micro-step counts equally usual (two ranks, no majority): polars' mode()
+    returns both in any order, which once made SD402 name rank 0 on some runs and
+    rank 1 on others. The smaller count is taken as the usual one, every time."""
+    from types import SimpleNamespace
+
+    import polars as pl
+
+    from syncdoctor.doctor.rules.sd402_step_misalignment import StepMisalignment
+
+    steps = pl.DataFrame({"rank": [0, 1] * 3, "step": [1, 1, 2, 2, 3, 3], "micro": [2, 1, 2, 1, 2, 1]})
+    ev = SimpleNamespace(has_records=True, steps=steps)
+    assert {tuple(StepMisalignment._off_their_rhythm(ev, 1)) for _ in range(40)} == {(0,)}  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from syncdoctor.doctor.model import Diagnosis, Event, LossShape
+from syncdoctor.doctor.model import Diagnosis, Event, LossShape, RankSummary
 
 # Colour per verdict (the wording is model.VERDICT_TEXT); rich style names double as CSS class suffixes.
 VERDICT_STYLE = {
@@ -123,6 +123,40 @@ def summarize_events(events: list[Event], limit: int = 10) -> EventSummary:
 
 def shapes_by_rank(diag: Diagnosis) -> dict[int, LossShape]:
     return {s.rank: s for s in diag.rank_shapes if s.rank is not None}
+
+
+# Beyond this many ranks the per-rank tables list only the ranks that need attention,
+# and one line (the envelope) for the others.
+MAX_RANK_ROWS = 32
+
+
+def needs_attention(r: RankSummary, shapes: dict[int, LossShape]) -> bool:
+    shape = shapes.get(r.rank)
+    return (
+        r.status not in ("ok", "") or bool(r.note) or (shape is not None and shape.shape not in ("decreasing", "noise"))
+    )
+
+
+def envelope(rows: list[RankSummary]) -> str:
+    """The ordinary ranks in one line: the range of each column (and its median)."""
+    parts = []
+    for label, values in (
+        ("steps", [r.steps for r in rows]),
+        ("last loss", [r.last_loss for r in rows]),
+        ("mean loss", [r.mean_loss for r in rows]),
+        ("grad norm", [r.grad_norm for r in rows]),
+    ):
+        seen = sorted(float(v) for v in values if v is not None and math.isfinite(float(v)))
+        if not seen:
+            continue
+        lo, hi, mid = seen[0], seen[-1], seen[len(seen) // 2]
+        if label == "steps":
+            parts.append(f"steps {int(lo)}" if lo == hi else f"steps {int(lo)}–{int(hi)}")
+        elif fmt_num(lo) == fmt_num(hi):
+            parts.append(f"{label} {fmt_num(lo)}")
+        else:
+            parts.append(f"{label} {fmt_num(lo)}–{fmt_num(hi)} (median {fmt_num(mid)})")
+    return "; ".join(parts)
 
 
 # --- JSON --------------------------------------------------------------------------------------

@@ -36,9 +36,12 @@ from syncdoctor.doctor.model import (
 )
 from syncdoctor.doctor.report import charts as ch
 from syncdoctor.doctor.report.common import (
+    MAX_RANK_ROWS,
     bracket_text,
     clean,
+    envelope,
     fmt_num,
+    needs_attention,
     shape_line,
     shapes_by_rank,
     summarize_events,
@@ -245,7 +248,17 @@ def _ranks_section(diag: Diagnosis) -> str:
         return ""
     shapes = shapes_by_rank(diag)
     rows = []
-    for r in diag.ranks:
+    listed, caption = diag.ranks, ""
+    if len(listed) > MAX_RANK_ROWS:
+        # hundreds of ranks: the ones that stand out, and one line for the rest
+        ordinary = [r for r in listed if not needs_attention(r, shapes)]
+        listed = [r for r in listed if needs_attention(r, shapes)]
+        if ordinary:
+            caption = escape_text(
+                f"{len(ordinary)} more rank(s) look ordinary and are not listed"
+                + (f": {envelope(ordinary)}" if envelope(ordinary) else "")
+            )
+    for r in listed:
         shape = shapes.get(r.rank)
         shape_cell = (
             f'<span class="tag {_SHAPE_CLASS.get(shape.shape, "info")}" title="{escape_text(shape.detail)}">'
@@ -271,7 +284,7 @@ def _ranks_section(diag: Diagnosis) -> str:
     )
     headers = ["rank", "steps", "last loss", "mean loss", norm, "shape", "status", "note"]
     cls = ["num", "num", "num", "num", "num", "nowrap", "nowrap", ""]
-    return f'<section id="ranks"><h2>Per rank</h2>{table_html(headers, rows, cls=cls)}</section>'
+    return f'<section id="ranks"><h2>Per rank</h2>{table_html(headers, rows, caption=caption, cls=cls)}</section>'
 
 
 def _named_step(e: Event) -> int | None:

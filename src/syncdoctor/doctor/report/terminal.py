@@ -24,11 +24,14 @@ from syncdoctor.doctor.model import (
     confidence_text,
 )
 from syncdoctor.doctor.report.common import (
+    MAX_RANK_ROWS,
     SHAPE_STYLE,
     VERDICT_STYLE,
     bracket_text,
     clean,
+    envelope,
     fmt_num,
+    needs_attention,
     shape_line,
     shapes_by_rank,
     summarize_events,
@@ -36,7 +39,6 @@ from syncdoctor.doctor.report.common import (
 from syncdoctor.records import stages
 from syncdoctor.rulebook import fmt_ranks
 
-_MAX_RANK_ROWS = 32  # beyond this, show only ranks that need attention
 _MAX_EVENTS = 8
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -179,9 +181,11 @@ def _rank_table(diag: Diagnosis) -> Table:
     shapes = shapes_by_rank(diag)
     rows = diag.ranks
     hidden = 0
-    if len(rows) > _MAX_RANK_ROWS:
+    ordinary: list[RankSummary] = []
+    if len(rows) > MAX_RANK_ROWS:
         # With hundreds of ranks only the ones that stand out are worth a line.
-        flagged = [r for r in rows if _needs_attention(r, shapes)]
+        flagged = [r for r in rows if needs_attention(r, shapes)]
+        ordinary = [r for r in rows if not needs_attention(r, shapes)]
         hidden = len(rows) - len(flagged)
         rows = flagged
     table = Table(title="Per rank", title_justify="left", show_edge=False, pad_edge=False)
@@ -211,15 +215,10 @@ def _rank_table(diag: Diagnosis) -> Table:
             _t(clean(r.note, oneline=True, limit=120)),
         )
     if hidden:
-        table.caption = f"{hidden} more rank(s) look ordinary and are not listed"
+        table.caption = f"{hidden} more rank(s) look ordinary and are not listed" + (
+            f": {envelope(ordinary)}" if envelope(ordinary) else ""
+        )
     return table
-
-
-def _needs_attention(r: RankSummary, shapes: dict) -> bool:
-    shape = shapes.get(r.rank)
-    return (
-        r.status not in ("ok", "") or bool(r.note) or (shape is not None and shape.shape not in ("decreasing", "noise"))
-    )
 
 
 def _events(events: list[Event]) -> Group:

@@ -216,7 +216,8 @@ class StepMisalignment(Rule):
         steps (the mode over the whole run)."""
         if step is None or not ev.has_records:
             return []
-        usual = ev.steps["micro"].drop_nulls().mode()
+        # (sorted: between two equally usual counts, the same one on every run)
+        usual = ev.steps["micro"].drop_nulls().mode().sort()
         if not usual.len():
             return []
         at = ev.steps.filter(pl.col("step") == step)

@@ -1,0 +1,193 @@
+"""Bounded reading of a big run's step records from the columnar cache (docs/records.md,
+"Big runs").
+
+A run of 1,024 ranks × 100,000 steps holds 10⁸ step records: more than a machine's
+memory once in a frame, and more than any rule needs. The rules need every step where
+something happens (the first and last steps, the first step where ranks disagree on a
+value they must share, the first non-finite loss, the last steps before a rank
+stopped) and the shape of each rank's curves elsewhere. So a run with more step
+records than ``SYNCDOCTOR_FULL_DETAIL_ROWS`` (default DEFAULT_ROWS) is read in two
+passes over the Parquet cache, each streaming (memory for the result, not the run):
+
+1. triage: per step, the lowest and highest value of every column the ranks must
+   share, how many ranks wrote the step, how many losses were not finite; per rank,
+   its first and last step. This finds the steps that matter.
+2. the model: every rank's records at the steps within ``window`` of each of those,
+   and at evenly spaced steps elsewhere (check steps among them, where fingerprints
+   were taken), up to the row budget. The same steps for every rank, so the ranks
+   stay comparable at each step read.
+
+The rules then run on that frame unchanged; the reader's warnings say which steps
+were read. Runs at or under the budget (every run the tests use) are read whole.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+FULL_DETAIL_ENV = "SYNCDOCTOR_FULL_DETAIL_ROWS"
+DEFAULT_ROWS = 1_000_000
+# Steps either side of a step that matters, at least; widened to three check intervals.
+MIN_WINDOW = 32
+# The most steps that matter, of each kind, kept (the earliest).
+MAX_CENTRES = 8
+
+# Columns that are per rank by nature: never a sign that ranks disagree.
+_PER_RANK = {
+    "v",
+    "kind",
+    "rank",
+    "step",
+    "t",
+    "loss",
+    "grad_norm_local",
+    "reduce_ratio",
+    "data_fp",
+    "samples",
+    "uncovered_first",
+    "grads_missing_first",
+}
+
+
+def budget() -> int:
+    """Step records read whole at most; 0 means always whole."""
+    raw = os.environ.get(FULL_DETAIL_ENV, "").strip()
+    try:
+        return max(0, int(raw)) if raw else DEFAULT_ROWS
+    except ValueError:
+        return DEFAULT_ROWS
+
+
+@dataclass
+class Triage:
+    """What the triage pass found (step numbers)."""
+
+    steps: list[int]  # every step some rank wrote, ascending
+    checked: list[int]  # the steps with parameter fingerprints
+    ranks: int
+    ends: pl.DataFrame = field(default_factory=pl.DataFrame)  # rank, first, last step
+    centres: dict[str, list[int]] = field(default_factory=dict)  # why -> steps that matter
+    window: int = MIN_WINDOW
+
+
+def _shared_columns(schema: pl.Schema) -> list[str]:
+    return [
+        name
+        for name, dtype in schema.items()
+        if name not in _PER_RANK and not isinstance(dtype, (pl.List, pl.Struct, pl.Array))
+    ]
+
+
+def triage(lf: pl.LazyFrame) -> Triage:
+    """The first pass: per-step and per-rank aggregates, streamed."""
+    schema = lf.collect_schema()
+    shared = _shared_columns(schema)
+    aggs = [pl.len().alias("_n")]
+    for i, name in enumerate(shared):
+        aggs += [pl.col(name).min().alias(f"_lo{i}"), pl.col(name).max().alias(f"_hi{i}")]
+    if "loss" in schema:
+        aggs.append((pl.col("loss").is_nan() | pl.col("loss").is_infinite()).sum().alias("_nonfinite"))
+    if "param_fp" in schema:
+        aggs.append(pl.col("param_fp").is_not_null().sum().alias("_checked"))
+    per_step = lf.group_by("step").agg(aggs).sort("step").collect(engine="streaming")
+    per_rank = (
+        lf.group_by("rank")
+        .agg(pl.col("step").min().alias("first"), pl.col("step").max().alias("last"))
+        .collect(engine="streaming")
+    )
+    steps = per_step["step"].to_list()
+    checked = per_step.filter(pl.col("_checked") > 0)["step"].to_list() if "_checked" in per_step.columns else []
+    out = Triage(steps=steps, checked=checked, ranks=per_rank.height, ends=per_rank)
+    if not steps:
+        return out
+    if len(checked) > 1:
+        gaps = sorted(b - a for a, b in zip(checked, checked[1:], strict=False))
+        out.window = max(MIN_WINDOW, 3 * gaps[len(gaps) // 2])
+
+    def first(mask: pl.Expr) -> list[int]:
+        return per_step.filter(mask)["step"].head(MAX_CENTRES).to_list()
+
+    out.centres["first and last steps"] = [steps[0], steps[-1]]
+    for i, name in enumerate(shared):
+        parted = first(pl.col(f"_lo{i}") != pl.col(f"_hi{i}"))
+        if parted:
+            out.centres[f"ranks disagree on {name}"] = parted[:1]
+    n_max = per_step["_n"].max()
+    missing = first(pl.col("_n") < n_max)
+    if missing:
+        out.centres["a rank without the step"] = missing[:1]
+    if "_nonfinite" in per_step.columns:
+        nonfinite = first(pl.col("_nonfinite") > 0)
+        if nonfinite:
+            out.centres["a loss not finite"] = nonfinite[:1]
+    lasts = sorted(set(per_rank["last"].to_list()))
+    firsts = sorted(set(per_rank["first"].to_list()))
+    out.centres["a rank's last step"] = sorted(set(lasts[:MAX_CENTRES] + lasts[-1:]))
+    if len(firsts) > 1:
+        out.centres["a rank's first step"] = firsts[:MAX_CENTRES]
+    return out
+
+
+def choose_steps(found: Triage, rows: int) -> tuple[list[int], int]:
+    """The steps every rank's records are read at: the windows around the steps that
+    matter, then evenly spaced ones (half among the check steps) up to ``rows`` records.
+    Also the spacing of the latter, in steps written."""
+    steps = found.steps
+    if not steps:
+        return [], 1
+    import bisect
+
+    chosen: set[int] = set()
+    for centres in found.centres.values():
+        for c in centres:
+            lo = bisect.bisect_left(steps, c - found.window)
+            hi = bisect.bisect_right(steps, c + found.window)
+            chosen.update(steps[lo:hi])
+    room = max(0, rows // max(1, found.ranks) - len(chosen))
+    stride = 1
+    if room:
+        for pool, share in ((found.checked, room // 2), (steps, room - room // 2)):
+            if pool and share:
+                every = max(1, -(-len(pool) // share))
+                stride = max(stride, every if pool is steps else 1)
+                chosen.update(pool[::every])
+    return sorted(chosen), stride
+
+
+def read_bounded(path: Path, total: int, rows: int) -> tuple[pl.DataFrame, str]:
+    """The model's step frame (sorted by rank, then step) and the warning that says
+    what it holds."""
+    lf = pl.scan_parquet(path)
+    found = triage(lf)
+    chosen, stride = choose_steps(found, rows)
+    # every rank's first and last record too, wherever they are: its step count and end
+    # are exact (a rank that stopped early among ranks that did not)
+    ends = found.ends.select("rank", pl.col("first").alias("_first"), pl.col("last").alias("_last"))
+    frame = (
+        lf.join(ends.lazy(), on="rank", how="left", maintain_order="left")
+        .filter(
+            pl.col("step").is_in(pl.Series(chosen, dtype=pl.Int64).implode())
+            | (pl.col("step") == pl.col("_first"))
+            | (pl.col("step") == pl.col("_last"))
+        )
+        .drop("_first", "_last")
+        .collect(engine="streaming")
+    )
+    # The cache is sorted by rank, then step, and the filter keeps its order: sorting
+    # again (a second of a big frame) only where that did not hold.
+    if not (
+        frame["rank"].is_sorted() and frame.select((pl.col("step").diff().over("rank") > 0).all()).item() is not False
+    ):
+        frame = frame.sort(["rank", "step"], maintain_order=True)
+    why = "; ".join(f"{name} {', '.join(map(str, steps))}" for name, steps in found.centres.items())
+    note = (
+        f"a big run ({total:,} step records of {found.ranks:,} ranks over {len(found.steps):,} steps): the "
+        f"rules read {frame.height:,} of them, every rank's records at {len(chosen):,} steps: every step "
+        f"within {found.window} of the steps that matter ({why}) and about every {stride}th step elsewhere "
+        f"({FULL_DETAIL_ENV}=0 reads them all)"
+    )
+    return frame, note

@@ -1,0 +1,165 @@
+"""A big run read in bounded memory (records/window.py): the steps that matter in full,
+a sample of the rest, and the same top finding (code, ranks, step, tensor) as the run
+read whole."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from syncdoctor.doctor.diagnose import diagnose
+from syncdoctor.records import cache, window
+from syncdoctor.records.reader import read_run
+
+RANKS, STEPS, ONSET, BAD = 4, 3000, 2703, 2
+HOUR_AGO_NS = time.time_ns() - 3600 * 10**9
+
+
+def write_run(root: Path, onset: int | None = ONSET) -> Path:
+    """Four ranks; rank BAD runs one backward pass too many at `onset` (a late step),
+    and the live check at the next check step reports it, naming the tensor."""
+    records = root / "records"
+    records.mkdir(parents=True)
+    for rank in range(RANKS):
+        lines = [
+            {
+                "v": 1,
+                "kind": "snapshot",
+                "rank": rank,
+                "world_size": RANKS,
+                "framework": "torch",
+                "host": "node0",
+                "env": {"RANK": str(rank)},
+                "loss": {"type": "CrossEntropyLoss", "params": {}},
+                "optimizer": {"type": "SGD", "param_groups": [{"lr": 0.1}]},
+                "tensors": ["a.weight", "b.weight"],
+                "init_param_fp": 7,
+            }
+        ]
+        extra = 0
+        for step in range(1, STEPS + 1):
+            bad = rank == BAD and onset is not None and step >= onset
+            extra = 1 if bad else 0
+            rec = {
+                "v": 1,
+                "kind": "step",
+                "rank": rank,
+                "step": step,
+                "micro": 2 if rank == BAD and step == onset else 1,
+                "backward": step + extra,
+                "opt_steps": step,
+                "t": 1000.0 + step,
+                "loss": 2.0 * 0.999**step + 0.01 * ((step * 7 + rank) % 5),
+                "lr": 0.1,
+            }
+            if step % 10 == 0 or step == 1:
+                rec.update(param_fp=step * 3 + 77 * extra, grad_fp=step * 5, opt_fp=step * 11 + 77 * extra)
+            lines.append(rec)
+            if onset is not None and step == -(-onset // 10) * 10:
+                lines.append(
+                    {
+                        "v": 1,
+                        "kind": "check",
+                        "rank": rank,
+                        "step": step,
+                        "status": "mismatch",
+                        "what": ["param"],
+                        "ranks": [BAD],
+                        "tensor": "b.weight",
+                    }
+                )
+        lines.append({"v": 1, "kind": "end", "rank": rank, "step": STEPS, "t": 5000.0, "status": "ok"})
+        path = records / f"rank{rank}.jsonl"
+        path.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in lines))
+        os.utime(path, ns=(HOUR_AGO_NS, HOUR_AGO_NS))
+    return root
+
+
+def top(run: Path) -> tuple[str, list[int], int | None, str | None] | None:
+    diag = diagnose([run])
+    f = diag.findings[0] if diag.findings else None
+    return (f.code, f.ranks, f.step, f.tensor) if f else None
+
+
+@pytest.fixture(autouse=True)
+def _cache_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cache.CACHE_ENV, "1")
+
+
+def test_a_run_over_the_budget_reads_the_steps_that_matter_and_a_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = write_run(tmp_path / "run")
+    monkeypatch.setenv(window.FULL_DETAIL_ENV, "2000")
+    read = read_run(run)
+    assert read.steps.height <= 2000 < RANKS * STEPS
+    steps = set(read.steps["step"].to_list())
+    # every step around the late fault, the first and the last steps, for every rank
+    assert set(range(ONSET - 32, ONSET + 33)) | {1, STEPS} <= steps
+    assert read.steps.group_by("step").len()["len"].min() == RANKS
+    assert read.steps["rank"].is_sorted() and read.steps.filter(pl.col("rank") == 0)["step"].is_sorted()
+    assert read.warnings[-1].startswith(f"a big run ({RANKS * STEPS:,} step records")
+    assert f"ranks disagree on param_fp {ONSET // 10 * 10 + 10}" in read.warnings[-1]
+
+
+def test_the_top_finding_is_the_same_read_whole_or_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = write_run(tmp_path / "run")
+    monkeypatch.setenv(window.FULL_DETAIL_ENV, "0")
+    whole = top(run)
+    assert whole == ("SD402", [BAD], ONSET, "b.weight")
+    monkeypatch.setenv(window.FULL_DETAIL_ENV, "2000")
+    assert top(run) == whole
+
+
+def test_a_healthy_twin_stays_healthy_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = write_run(tmp_path / "run", onset=None)
+    monkeypatch.setenv(window.FULL_DETAIL_ENV, "0")
+    whole = diagnose([run])
+    monkeypatch.setenv(window.FULL_DETAIL_ENV, "2000")
+    bounded = diagnose([run])
+    assert [f.code for f in bounded.findings] == [f.code for f in whole.findings]
+    assert bounded.verdict == whole.verdict
+
+
+def test_a_run_under_the_budget_is_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = write_run(tmp_path / "run")
+    monkeypatch.delenv(window.FULL_DETAIL_ENV, raising=False)
+    read = read_run(run)
+    assert read.steps.height == RANKS * STEPS
+    assert not any("big run" in w for w in read.warnings)
+
+
+def test_a_rank_that_stopped_early_keeps_its_last_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many ranks stopping at many steps: the windows cover a few of them, but every
+    rank's first and last record are read, so its step count is exact."""
+    run = write_run(tmp_path / "run", onset=None)
+    for rank, stop in ((1, 1234), (3, 2345)):
+        path = run / "records" / f"rank{rank}.jsonl"
+        kept = [line for line in path.read_text().splitlines() if json.loads(line).get("step", 0) <= stop]
+        path.write_text("\n".join(kept) + "\n")
+        os.utime(path, ns=(HOUR_AGO_NS, HOUR_AGO_NS))
+    monkeypatch.setattr(window, "MAX_CENTRES", 0)  # no window around those last steps
+    monkeypatch.setenv(window.FULL_DETAIL_ENV, "2000")
+    read = read_run(run)
+    last = dict(read.steps.group_by("rank").agg(pl.col("step").max()).iter_rows())
+    assert last == {0: STEPS, 1: 1234, 2: STEPS, 3: 2345}
+
+
+def test_a_big_run_killed_mid_write_still_diagnoses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank killed while writing (a torn last line) in a run read bounded: the torn
+    record is dropped and said, the fault is still found where it is."""
+    run = write_run(tmp_path / "run")
+    path = run / "records" / "rank1.jsonl"
+    with path.open("a") as fh:
+        fh.write('{"v":1,"kind":"step","rank":1,"step":3001,"mic')
+    os.utime(path, ns=(HOUR_AGO_NS, HOUR_AGO_NS))
+    monkeypatch.setenv(window.FULL_DETAIL_ENV, "2000")
+    read = read_run(run)
+    assert any("rank1.jsonl: last record truncated" in w for w in read.warnings)
+    assert read.steps.filter(pl.col("rank") == 1)["step"].max() == STEPS
+    assert top(run) == ("SD402", [BAD], ONSET, "b.weight")
