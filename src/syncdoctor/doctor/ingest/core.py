@@ -11,7 +11,7 @@ import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise, repeat
+from itertools import chain, pairwise, repeat
 from typing import Any, cast
 
 import numpy as np
@@ -552,18 +552,21 @@ class _FileReader:
             )
         # One row per line, then repeated once per value it holds: building the
         # rows key by key in Python cost a tenth of reading a large log.
+        ranks, lines, steps, held, has_loss = zip(*self.value_lines, strict=True)
         per_line = pl.DataFrame(
             {
-                "rank": [_int64_or_none(rank) for rank, *_ in self.value_lines],
-                "step": [at.get(line) if has_loss else step for _, line, step, _, has_loss in self.value_lines],
-                "line": [line for _, line, *_ in self.value_lines],
+                "rank": [_int64_or_none(rank) for rank in ranks],
+                "step": [
+                    at.get(line) if loss else step for line, step, loss in zip(lines, steps, has_loss, strict=True)
+                ],
+                "line": lines,
             },
             schema={name: VALUES_SCHEMA[name] for name in ("rank", "step", "line")},
             strict=False,
         )
-        counts = pl.Series([len(values) for *_, values, _ in self.value_lines], dtype=pl.UInt32)
-        keys = [key for *_, values, _ in self.value_lines for key in values]
-        vals = [value for *_, values, _ in self.value_lines for value in values.values()]
+        counts = pl.Series(list(map(len, held)), dtype=pl.UInt32)
+        keys = list(chain.from_iterable(held))
+        vals = list(chain.from_iterable(values.values() for values in held))
         # The row index repeated in polars: a numpy index would be converted through
         # numpy.ma, whose first import costs a tenth of a second where bytecode is not
         # cached. A line's values are never empty (_value_entry), so no list is.
