@@ -126,3 +126,38 @@ def test_reader_counts_nothing_for_an_empty_log(tmp_path: Path) -> None:
     path.write_text("")
     reader = core._FileReader(LogFile(path, None, None, True), 0, core._EventStore(), [])
     assert reader.read() and reader.fast_lines == 0
+
+
+def test_lines_a_torchrun_block_takes_after_it_are_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # "rank : N ..." and "time : N ..." lines are loss lines of two shapes (the fast path
+    # reads them in bulk) and also field lines of torchrun's failure summary: the block
+    # around an "exitcode" line takes the "time" line after it, which the reader then
+    # skips, on both paths
+    lines = []
+    for i in range(600):
+        lines.append(f"rank : {i % 4} step {i} loss 0.{i + 1}")
+        if i % 10 == 1:  # out of reach of the blocks (6 lines around an exitcode)
+            lines.append(f"time : {i % 4} step {i} loss 0.{i + 2}")
+        if i % 10 == 9:
+            lines += ["exitcode  : 1 (pid: 4242)", f"time : {i % 4} step {i} loss 0.{i + 3}"]
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(lines) + "\n")
+    full, _ = _read(path, False, monkeypatch)
+    fast, fired = _read(path, True, monkeypatch)
+    assert fired > 500
+    assert full.losses.height == 600 + 60  # the 60 "time" lines after an exitcode were taken
+    _same(full, fast)
+
+
+def test_values_cap_keeps_the_first_lines_on_both_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fast path merges a chunk's values lines in line order afterwards; where the
+    # cap may be reached in a chunk it reads them in file order instead
+    monkeypatch.setattr(core, "MAX_VALUE_LINES", 700)
+    path = tmp_path / "train_rank0.log"
+    path.write_text("\n".join(line for i in range(400) for line in _plain(i)) + "\n")
+    full, _ = _read(path, False, monkeypatch)
+    fast, fired = _read(path, True, monkeypatch)
+    assert fired > 1500
+    assert full.values["line"].n_unique() == 700
+    assert any("700 lines kept" in w for w in full.warnings)
+    _same(full, fast)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import os
@@ -10,7 +11,7 @@ import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise, repeat
+from itertools import chain, pairwise, repeat
 from typing import Any, cast
 
 import numpy as np
@@ -151,9 +152,22 @@ class _EventStore:
 
 # A line's values as kept: (rank, line, printed step or None, {key: value}, has a loss point)
 _ValueLine = tuple[int | None, int, int | None, dict[str, float], bool]
-# What the shape fast path adds for one line: its plan, one loss row per point (in
-# _WORK_SCHEMA's order up to "_t"), its values line (None: none kept)
-_FastLine = tuple[ShapePlan, tuple[tuple[object, ...], ...], _ValueLine | None]
+
+
+@dataclass
+class _FastBlock:
+    """What the shape fast path adds for a chunk's lines of one planned shape, as
+    columns: per loss point, _WORK_SCHEMA's columns but "source", "_t" and "_file";
+    per line, its values line (None: none) and timestamp (filled in file order)."""
+
+    plan: ShapePlan
+    line_nos: list[int]
+    points: list[dict[str, list[Any]]]
+    entries: list[_ValueLine | None]
+    times: list[float | None]
+    kept: list[bool]  # the line was read (not taken by a torchrun block before it)
+
+
 # The fast path's share of a chunk's scan: (shape, lines) counts, the plans used, the numbers cut
 _Prepared = tuple[list[tuple[str, int]], dict[str, ShapePlan], Numbers]
 
@@ -182,6 +196,7 @@ class _FileReader:
         self.warnings = warnings
         self.frames: list[pl.DataFrame] = []
         self.rows: list[tuple[object, ...]] = []  # in _WORK_SCHEMA column order
+        self.fast_frames: list[pl.DataFrame] = []  # the fast path's rows of the chunk
         self.lines_read = 0
         self.parser = LossParser()
         self.formats: Counter[str] = Counter()
@@ -190,6 +205,7 @@ class _FileReader:
         self.srun_labels = False
         self.host_labels = False
         self.consumed: set[int] = set()
+        self.consumed_by: dict[int, int] = {}  # consumed line -> the (first) event line that took it
         self.timed_shapes: dict[str, bool] = {}  # loss-line shape -> carries a timestamp
         self.value_lines: list[_ValueLine] = []
         self.value_lines_dropped = 0
@@ -242,16 +258,31 @@ class _FileReader:
         return True
 
     def _chunk(self, chunk: Chunk) -> None:
-        fast = self._fast_groups(chunk) if FAST_SHAPES else {}
+        blocks = self._fast_groups(chunk) if FAST_SHAPES else []
+        # Lines of a planned shape are read in bulk (_fast_rows); the loop below visits
+        # only those whose reading depends on the lines before them: a timestamp (glog
+        # stamps take the year of the last full one), or all of them where the values
+        # cap may be reached in this chunk. The others' values lines are merged in line
+        # order afterwards (_merge_fast), which gives the same list.
+        in_order = len(self.value_lines) + len(chunk.lines) >= MAX_VALUE_LINES
+        fast: dict[int, tuple[_FastBlock, int]] = {}
+        later: set[int] = set()
+        for block in blocks:
+            fast.update(zip(block.line_nos, zip(repeat(block), range(len(block.line_nos))), strict=False))
+            if not (in_order or block.plan.timed):
+                later.update(block.line_nos)
+        values_from = len(self.value_lines)
         for line_no, text, eventish, anchors in zip(
             chunk.lines, chunk.texts, chunk.eventish, chunk.anchors, strict=True
         ):
+            if line_no in later:
+                continue
             if not text or line_no in self.consumed:
                 continue
             if fast:
                 item = fast.get(line_no)
                 if item is not None:
-                    self._fast_line(item, text)
+                    self._fast_line(*item, text)
                     continue
             line = text[:PARSE_CHARS]
             prefix = strip_prefixes(line, self.srun_labels, self.host_labels)
@@ -298,6 +329,45 @@ class _FileReader:
                     self._add_event(match, chunk, line_no, text, prefix.rank, prefix.host, t)
                     if not valued:  # the numbers an event line states ("scale is small: 1e-26")
                         self._add_values(body, prefix.rank, line_no, None, True, False)
+        if blocks:
+            self._merge_fast(blocks, later, values_from)
+
+    def _merge_fast(self, blocks: list[_FastBlock], later: set[int], values_from: int) -> None:
+        """The fast path's share of a chunk once its loop is done: the lines not
+        visited are read unless a torchrun block before them took them (as the loop
+        would have skipped them), their values lines go in line order among the
+        chunk's, and every read line's loss rows become one frame."""
+        merged: list[_ValueLine] = []
+        for block in blocks:
+            for k, line_no in enumerate(block.line_nos):
+                if line_no in later:
+                    taken = self.consumed_by.get(line_no)
+                    if taken is None or taken > line_no:
+                        block.kept[k] = True
+                        entry = block.entries[k]
+                        if entry is not None:
+                            merged.append(entry)
+        if merged:
+            merged.sort(key=lambda entry: entry[1])
+            self.value_lines[values_from:] = list(
+                heapq.merge(self.value_lines[values_from:], merged, key=lambda e: e[1])
+            )
+        for block in blocks:
+            n, n_kept = len(block.line_nos), sum(block.kept)
+            if not n_kept:
+                continue
+            self.fast_lines += n_kept
+            for (fmt, _), point in zip(block.plan.points, block.points, strict=True):
+                self.formats[fmt] += n_kept  # its first line went the full way: no new key
+                columns = {
+                    **point,
+                    "source": [self.log.source] * n,
+                    "line": block.line_nos,
+                    "_t": block.times,
+                    "_file": [self.index] * n,
+                }
+                frame = pl.DataFrame({name: columns[name] for name in _WORK_SCHEMA}, schema=_WORK_SCHEMA, strict=False)
+                self.fast_frames.append(frame if n_kept == n else frame.filter(pl.Series(block.kept)))
 
     def _plan(self, shape: str) -> ShapePlan | None:
         """The fast path of a shape once its first line went the full way (the loss
@@ -332,14 +402,14 @@ class _FileReader:
                 known[shape] = plan
         return counts, known, cut_numbers(pool, known) if known else {}
 
-    def _fast_groups(self, chunk: Chunk) -> dict[int, _FastLine]:
-        """line number -> what the full path would add for it, for the chunk's lines
-        whose shape has a plan: one regex per shape cuts the numbers out, and the rows
-        are built a column at a time (per line, only what depends on the order of
-        lines is left: timestamps, the values cap, lines a torchrun block took)."""
+    def _fast_groups(self, chunk: Chunk) -> list[_FastBlock]:
+        """What the full path would add for the chunk's lines whose shape has a plan:
+        one regex per shape cuts the numbers out, and the rows are built a column at
+        a time (per line, only what depends on the order of lines is left: timestamps,
+        the values cap, lines a torchrun block took; see _chunk)."""
         cand = chunk.candidates
         if cand is None or cand.is_empty():
-            return {}
+            return []
         prepared = cast("_Prepared | None", chunk.prepared)
         counts, known, numbers = prepared if prepared is not None else self._prepare(cand)
         todo: dict[str, ShapePlan] = {}
@@ -349,51 +419,39 @@ class _FileReader:
         if todo:
             known = {**known, **todo}
             numbers = {**numbers, **cut_numbers(fast_pool(cand), todo)}
-        out: dict[int, _FastLine] = {}
-        for shape, (rows, columns) in numbers.items():
-            line_nos = [chunk.first_line + i for i in rows]
-            out.update(zip(line_nos, self._fast_rows(known[shape], line_nos, columns), strict=True))
-        return out
+        return [
+            self._fast_rows(known[shape], [chunk.first_line + i for i in rows], columns)
+            for shape, (rows, columns) in numbers.items()
+        ]
 
-    def _fast_rows(self, plan: ShapePlan, line_nos: list[int], columns: list[list[str]]) -> list[_FastLine]:
+    def _fast_rows(self, plan: ShapePlan, line_nos: list[int], columns: list[list[str]]) -> _FastBlock:
         """What the full path adds for lines of a planned shape, from the texts of
-        their numbers (column g: group g of the shape's regex), as ``_FastLine``s:
-        the same loss rows (but their timestamp and file), values lines."""
+        their numbers (column g: group g of the shape's regex), as columns: the same
+        loss rows (but their timestamp and file), values lines."""
         n = len(line_nos)
-        source = self.log.source
-        per_point: list[list[tuple[object, ...]]] = []
+        none = [None] * n
+        points: list[dict[str, list[Any]]] = []
         last: dict[str, list[Any]] = {}
         for _fmt, fields in plan.points:
             point = point_columns(
                 [(name, columns[g], None if tg is None else columns[tg]) for name, g, tg in fields], n
             )
-            none = [None] * n
-            ranks = [
-                _int64_or_none(r if r is not None else self.log.rank)  # no launcher prefix: the shape peels none
-                for r in point.get("rank", none)
-            ]
-            per_point.append(
-                list(
-                    zip(
-                        ranks,
-                        [_int64_or_none(step) for step in point.get("step", none)],
-                        point["loss"],
-                        point.get("epoch", none),
-                        point.get("lr", none),
-                        point.get("grad_norm", none),
-                        repeat(source),
-                        line_nos,
-                        point.get("acc", none),
-                        point.get("step_total", none),
-                        strict=False,  # repeat() is endless
-                    )
-                )
+            points.append(
+                {
+                    # no launcher prefix: the shape peels none
+                    "rank": [_int64_or_none(r if r is not None else self.log.rank) for r in point.get("rank", none)],
+                    "step": [_int64_or_none(step) for step in point.get("step", none)],
+                    **{
+                        name: point.get(name, none)
+                        for name in ("loss", "epoch", "lr", "grad_norm", "acc", "step_total")
+                    },
+                }
             )
             last = point
         keys = [key for key, _ in plan.values]
         value_columns = [_floats_or_nan(columns[g]) for _, g in plan.values]
-        line_ranks = last.get("rank", [None] * n)
-        printed = [step is not None for step in last.get("step", [None] * n)]
+        line_ranks = last.get("rank", none)
+        printed = [step is not None for step in last.get("step", none)]
         entries: list[_ValueLine | None] = [None] * n
         if keys:
             file_rank = self.log.rank
@@ -405,19 +463,16 @@ class _FileReader:
                     entries[k] = (rank if rank is not None else file_rank, line_no, None, values, True)
                 else:
                     entries[k] = self._value_entry(values, None, line_no, rank, step, True)
-        return [(plan, rows, entry) for rows, entry in zip(zip(*per_point, strict=True), entries, strict=True)]
+        return _FastBlock(plan, line_nos, points, entries, [None] * n, [False] * n)
 
-    def _fast_line(self, item: _FastLine, text: str) -> None:
-        """Add what ``_fast_rows`` prepared for a line, in file order."""
-        plan, rows, entry = item
-        t = self._time(text) if plan.timed else None
-        for (fmt, _), row in zip(plan.points, rows, strict=True):
-            self.rows.append((*row, t, self.index))
-            self.formats[fmt] += 1
-        self.fast_lines += 1
+    def _fast_line(self, block: _FastBlock, k: int, text: str) -> None:
+        """Read the k-th line of a fast block in file order: its timestamp, its values line."""
+        if block.plan.timed:
+            block.times[k] = self._time(text)
+        block.kept[k] = True
         if len(self.value_lines) >= MAX_VALUE_LINES:
             self.value_lines_dropped += 1
-        elif entry is not None:
+        elif (entry := block.entries[k]) is not None:
             self.value_lines.append(entry)
 
     def _tail(self, chunk: Chunk) -> None:
@@ -497,19 +552,26 @@ class _FileReader:
             )
         # One row per line, then repeated once per value it holds: building the
         # rows key by key in Python cost a tenth of reading a large log.
+        ranks, lines, steps, held, has_loss = zip(*self.value_lines, strict=True)
         per_line = pl.DataFrame(
             {
-                "rank": [_int64_or_none(rank) for rank, *_ in self.value_lines],
-                "step": [at.get(line) if has_loss else step for _, line, step, _, has_loss in self.value_lines],
-                "line": [line for _, line, *_ in self.value_lines],
+                "rank": [_int64_or_none(rank) for rank in ranks],
+                "step": [
+                    at.get(line) if loss else step for line, step, loss in zip(lines, steps, has_loss, strict=True)
+                ],
+                "line": lines,
             },
             schema={name: VALUES_SCHEMA[name] for name in ("rank", "step", "line")},
             strict=False,
         )
-        counts = [len(values) for *_, values, _ in self.value_lines]
-        keys = [key for *_, values, _ in self.value_lines for key in values]
-        vals = [value for *_, values, _ in self.value_lines for value in values.values()]
-        return per_line[np.repeat(np.arange(per_line.height), counts)].select(
+        counts = pl.Series(list(map(len, held)), dtype=pl.UInt32)
+        keys = list(chain.from_iterable(held))
+        vals = list(chain.from_iterable(values.values() for values in held))
+        # The row index repeated in polars: a numpy index would be converted through
+        # numpy.ma, whose first import costs a tenth of a second where bytecode is not
+        # cached. A line's values are never empty (_value_entry), so no list is.
+        rows = pl.select(pl.int_range(per_line.height, dtype=pl.UInt32).repeat_by(counts).explode()).to_series()
+        return per_line[rows].select(
             "rank",
             "step",
             pl.Series("key", keys, dtype=pl.String),
@@ -596,6 +658,8 @@ class _FileReader:
         if rule.name == "torchrun_block":
             block = ev.read_torchrun_block(chunk.context(line_no, 6, 6), line_no)
             self.consumed.update(block.lines)
+            for taken in block.lines:
+                self.consumed_by.setdefault(taken, line_no)
             raw, rank, host = block.raw[:RAW_CHARS], block.rank, block.host
             if block.time_text:
                 t = self._time(block.time_text)
@@ -618,10 +682,21 @@ class _FileReader:
         self.n_events += 1
 
     def _flush(self) -> None:
-        if not self.rows:
+        frames = self.fast_frames
+        if self.rows:
+            # column by column: polars builds a frame from lists twice as fast as from row tuples
+            columns = list(zip(*self.rows, strict=True))
+            frames = [pl.DataFrame(columns, schema=_WORK_SCHEMA, orient="col", strict=False), *frames]
+        if not frames:
             return
-        self.frames.append(pl.DataFrame(self.rows, schema=_WORK_SCHEMA, orient="row", strict=False))
+        if len(frames) == 1:
+            self.frames.append(frames[0])
+        else:
+            # the fast path's rows among the others in file order (a line's rows all come
+            # from one path, in their order: the sort is stable)
+            self.frames.append(pl.concat(frames).sort("line", maintain_order=True))
         self.rows = []
+        self.fast_frames = []
 
     # -- results ------------------------------------------------------------------------
     def loss_frame(self) -> pl.DataFrame | None:

@@ -26,6 +26,11 @@ from typing import BinaryIO
 import polars as pl
 
 CHUNK_BYTES = 16 << 20
+# Blocks scanned at once, ahead of the chunk being parsed. Much of a block's scan
+# (the keyword search) runs on one thread in polars; with one block ahead, a core sat
+# idle whenever the parser waited for it. Two scans at once keep both cores of a small
+# machine busy; each costs one more block in memory.
+SCAN_WORKERS = 2
 MAX_LINE_BYTES = 1 << 20
 # Python regexes look at no more than this much of one line (or of one "\r"
 # segment of a progress-bar line): bounded work per line whatever the input.
@@ -325,8 +330,8 @@ def iter_chunks(
     anchors: tuple[str, ...] = (),
     prepare: Callable[[pl.DataFrame], object] | None = None,
 ) -> Iterator[Chunk]:
-    """Chunks of whole lines with their candidate lines, in file order. One block
-    is always being scanned ahead of the chunk the caller is parsing. ``anchors``:
+    """Chunks of whole lines with their candidate lines, in file order. SCAN_WORKERS
+    blocks are always being scanned ahead of the chunk the caller is parsing. ``anchors``:
     lower-case ASCII literals to report per event candidate (Chunk.anchors);
     ``prepare``: run on the candidates on the scanning thread (Chunk.prepared)."""
     first_line = 1
@@ -352,12 +357,12 @@ def iter_chunks(
         first_line += frame.height
         return chunk
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    with ThreadPoolExecutor(max_workers=SCAN_WORKERS) as pool:
         for n, (block, truncated) in enumerate(_blocks(stream, chunk_bytes)):
             ahead.append(
                 (pool.submit(_scan_and_prepare, block, HEAD_ROWS if n == 0 else 0, anchors, prepare), truncated)
             )
-            if len(ahead) > 1:
+            if len(ahead) > SCAN_WORKERS:
                 yield finish(ahead.popleft())
         while ahead:
             yield finish(ahead.popleft())
