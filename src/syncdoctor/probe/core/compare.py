@@ -17,7 +17,6 @@ import numpy as np
 from syncdoctor.probe.core.fingerprint import combine, to_int64
 from syncdoctor.probe.core.mesh import MAX_CLASSES
 from syncdoctor.probe.core.verdict import COMPARED
-from syncdoctor.records.compare import majority_outliers
 
 TENSOR_GROUPS = 64  # per-tensor fingerprints travel as at most this many groups of consecutive tensors
 
@@ -86,8 +85,12 @@ def rows_of(block: bytes) -> np.ndarray:
     return data[2:].reshape(int(data[0]), int(data[1]))
 
 
+_DOUBLE = struct.Struct("<d")
+_INT64 = struct.Struct("<q")
+
+
 def float_bits(value: float | None) -> int:
-    return 0 if value is None else struct.unpack("<q", struct.pack("<d", float(value)))[0]
+    return 0 if value is None else _INT64.unpack(_DOUBLE.pack(float(value)))[0]
 
 
 def bits_float(bits: int) -> float | None:
@@ -113,6 +116,10 @@ def compare_groups(
 ) -> tuple[list[str], list[int], list[dict[str, Any]]]:
     """What differs, which ranks, and the replica groups that disagree:
     [{"class": c, "members": [...], "odd": [...], "what": [...]}]."""
+    # Here, not at the top: a rank imports this module at start-up, and reaches this
+    # function only when a check disagrees (its import is start-up time of every rank).
+    from syncdoctor.records.compare import majority_outliers
+
     table = [row if len(row) >= WIDTH else plain_row(row, r) for r, row in enumerate(table)]
     column = {f: [row[i] for row in table] for i, f in enumerate(FIELDS)}
     fields = list(MUST_MATCH) + (["buffer_fp"] if buffers_must_match else [])

@@ -49,12 +49,13 @@ from syncdoctor.probe.core.compare import (
 )
 from syncdoctor.probe.core.mesh import MAX_CLASSES
 from syncdoctor.probe.core.verdict import mismatch_message, print_verdict
-from syncdoctor.probe.torch.heal import Healer, block_for
 from syncdoctor.records import contract
 
 if TYPE_CHECKING:
+    from syncdoctor.probe.torch.heal import Healer
     from syncdoctor.probe.torch.probe import Probe
 
+_INT_FIELDS = FIELDS[:N_INT]
 MIN_SLACK_STEPS = 4
 SyncMismatchError = settings.SyncMismatchError  # one type for both probes (syncdoctor/settings.py)
 
@@ -97,6 +98,9 @@ class CrossRankCheck:
         )
         self.healer: Healer | None = None
         if probe.on_mismatch == "heal":  # verdicts sooner: the corrupted copy trains on until healed
+            # Imported only here: every rank would pay its import at start-up otherwise.
+            from syncdoctor.probe.torch.heal import Healer, block_for
+
             self.block = min(self.block, block_for(probe.check_every))
             self.healer = Healer(self)
         self.lag = max(1, math.ceil(MIN_SLACK_STEPS / probe.check_every))
@@ -123,6 +127,7 @@ class CrossRankCheck:
             [1 + FIELDS.index("buffer_fp")] if self.buffers_must_match else []
         )
         self.layout = probe.layout
+        self._modes: dict[Any, int] = {}  # train_mode -> its crc32, as posted
 
     def _key(self, block: int, rank: int) -> str:
         return f"{block % self.ring}/{rank}"
@@ -133,18 +138,19 @@ class CrossRankCheck:
         if self.stopped:
             return
         self.count += 1
-        # Not hash(): str hashes are salted per process.
-        mode = zlib.crc32(str(record.get("train_mode")).encode())
-        values = [
-            self.count,
-            *(record.get(f) or 0 for f in FIELDS[:N_INT]),
-            mode,
-            float_bits(record.get("loss")),
-            float_bits(record.get("grad_norm")),
-            *self._class_section(record),
-            self._data_key(),
-            *tensor_groups(self.probe.last_tensor_fps),
-        ]
+        get = record.get
+        train_mode = get("train_mode")
+        mode = self._modes.get(train_mode)
+        if mode is None:
+            if len(self._modes) > 64:  # modules switched in many patterns: stays small
+                self._modes.clear()
+            # Not hash(): str hashes are salted per process.
+            mode = self._modes[train_mode] = zlib.crc32(str(train_mode).encode())
+        values = [self.count, *[get(f) or 0 for f in _INT_FIELDS]]
+        values += (mode, float_bits(get("loss")), float_bits(get("grad_norm")))
+        values += self._class_section(record)
+        values.append(self._data_key())
+        values += tensor_groups(self.probe.last_tensor_fps)
         self.rows.append(values)
         try:
             if len(self.rows) == self.block:

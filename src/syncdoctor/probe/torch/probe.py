@@ -88,6 +88,24 @@ def _outside_every_reducer(module: torch.nn.Module, optimizer: torch.optim.Optim
     return [(name, p) for name, p in outside if id(p) not in covered]
 
 
+def _grad_outside(module: torch.nn.Module, reduced: set[int]) -> bool:
+    """Whether a parameter of `module` holds a gradient that is not in `reduced`: one
+    walk over the modules' own dicts, at every check (named_parameters() builds a name
+    for every parameter, several times the cost; the names are read only on a hit)."""
+    seen: set[int] = set()
+    stack = [module]
+    while stack:
+        m = stack.pop()
+        if m is None or id(m) in seen:
+            continue
+        seen.add(id(m))
+        for p in m._parameters.values():
+            if p is not None and p.grad is not None and id(p) not in reduced:
+                return True
+        stack.extend(m._modules.values())  # type: ignore[arg-type]  # None entries: skipped above
+    return False
+
+
 def _ddp_holding(module: torch.nn.Module) -> Any:
     """The live DDP wrapper of `module`, if one holds it (a scan of live objects, once
     per probe, only where DDP is in use)."""
@@ -217,6 +235,7 @@ class Probe:
         self._acts: list[dict[str, Any]] = []
         self._activation_names: dict[int, str] = {}  # id(child) -> its name in the records
         self.last_tensor_fps: list[int] = []  # per parameter, at the last check: to name the first that differs
+        self._hparams_cache: tuple[Any, int] | None = None  # (the hyperparameters' key, their fingerprint)
         self._recent_losses: list[float | None] = [None] * LAST_LOSSES  # by step % LAST_LOSSES
         self.last_grad_norm: float | None = None
         self._measuring = True  # the first iteration is measured in full: step 1 is a check step
@@ -582,9 +601,9 @@ class Probe:
         return combine(fps)
 
     def _measure_reduced_grads(self) -> None:
-        grads = [p.grad for p in self._params]
-        self._grads_after_reduce = [(g, g._version if g is not None else 0) for g in grads]
+        self._grads_after_reduce = then = [(g, 0 if g is None else g._version) for g in [p.grad for p in self._params]]
         if self._detailed:
+            grads = [g for g, _ in then]
             present = any(g is not None for g in grads)
             self._reduced_grad_fp = combine(fingerprints(grads, cache=self._views, kind="grad")) if present else None
 
@@ -630,7 +649,7 @@ class Probe:
             # check steps only: the hash reads every byte, and two ranks fed the same
             # batches are fed them at every step). A forward without grad (an
             # evaluation inside the step) is not the training batch.
-            x = _model_input(args, kwargs)
+            x = args[0] if args and args[0].__class__ is torch.Tensor else _model_input(args, kwargs)
             if x is not None:
                 self._input_fps.append(ids_fingerprint(x))
                 self._input_samples += int(x.shape[0]) if x.dim() else 1
@@ -850,7 +869,9 @@ class Probe:
     def _measurements(self) -> dict[str, Any]:
         params = self._params
         out: dict[str, Any] = {}
-        if self._reduced_ids is not None:
+        if self._reduced_ids is not None and (
+            _grad_outside(self.module, self._reduced_ids) or any(p.grad is not None for _, p in self._outside_reducer)
+        ):
             uncovered = [
                 n for n, p in self.module.named_parameters() if p.grad is not None and id(p) not in self._reduced_ids
             ] + [n for n, p in self._outside_reducer if p.grad is not None]
@@ -877,7 +898,7 @@ class Probe:
         replica = self._per_class(tensor_fps)
         out["buffer_fp"] = self._buffer_fp
         out["train_mode"] = self._train_mode()
-        out["config_fp"] = self._config_fp ^ groups_fingerprint(self._group_hparams())
+        out["config_fp"] = self._config_fp ^ self._hparams_fp()
         grad_writes = self._grad_writes()
         if grad_writes is not None:
             out["grad_writes"] = grad_writes
@@ -921,6 +942,27 @@ class Probe:
                 out["reduce_ratio"] = out["grad_norm"] / local
         self.last_tensor_fps = tensor_fps
         return out
+
+    def _hparams_fp(self) -> int:
+        """groups_fingerprint of the optimizer's current hyperparameters, computed again
+        only when one of them changed since the last check (a scheduler moves lr): the
+        key holds each value with its class, and a zero's repr (0.0 and -0.0 are equal
+        but print apart), so equal keys mean equal reprs."""
+        groups = self.optimizer.param_groups if self.optimizer is not None else ()
+        key = tuple(
+            tuple(
+                (k, v.__class__, v, v == 0 and repr(v))
+                for k, v in g.items()
+                if k != "params" and isinstance(v, (int, float, str, bool))
+            )
+            for g in groups
+        )
+        cached = self._hparams_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        fp = groups_fingerprint(self._group_hparams())
+        self._hparams_cache = (key, fp)
+        return fp
 
     def _group_hparams(self) -> list[dict[str, Any]]:
         if self.optimizer is None:
