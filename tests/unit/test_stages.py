@@ -32,6 +32,7 @@ def test_docs_list_every_stage_with_its_rules():
     that test it."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "records.md").read_text()
     table = text[text.index("## The contract, stage by stage") :]
+    table = table[: table.index("\n## ", 1)]  # this section alone: later ones hold tables too
     rows = [line for line in table.splitlines() if line[:2] == "| " and line[2:3].isdigit()]
     assert [row.split("(`")[1].split("`)")[0] for row in rows] == [s.key for s in stages.STAGES]
     for row, stage in zip(rows, stages.STAGES, strict=True):
