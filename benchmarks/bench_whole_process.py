@@ -112,6 +112,12 @@ def run_once(probed: bool, steps: int, check_every: int | None, tmp: Path) -> tu
     """(wall seconds, CPU seconds of every process the command started)."""
     global aborted_at_exit
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    # As a user's installed environment runs: with bytecode. A shell with
+    # PYTHONDONTWRITEBYTECODE=1 (and an installer that compiles none, as uv) makes every
+    # process compile torch, dynamo and sympy from source again, seconds of CPU per rank
+    # on both sides, which hides the probe's cost in the baseline; the untimed first runs
+    # write the bytecode.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     for _ in range(3):
         out = tmp / f"run-{time.monotonic_ns()}"
         cpu0, t0 = _children_cpu(), time.monotonic()
