@@ -65,13 +65,17 @@ class ParamsChangedOutsideUpdate(Rule):
             return None  # the optimizer state differs: the update itself differs (SD601)
         if self._writes_differ(ev, checked):
             return None  # the counted writes differ: SD507 names them
+        drift = ev.settings.hyperparameter_drift
+        if ev.differing("optimizer", "param_groups") or (drift is not None and drift[0] <= checked):
+            return None  # a learning rate or a hyperparameter apart: the updates differed (SD601)
         evidence = [
             f"{fmt_ranks(div.ranks)} part at step {div.step}"
             + (f" (equal at the check of step {div.last_agree_step})" if div.last_agree_step else "")
             + f": {reach[0]} of {reach[1]} tensors differ"
             + (f", first {div.tensor}" if div.tensor else ""),
             f"at the check of step {checked} every input of the update agreed on every rank: the reduced "
-            "gradients (grad_fp), the optimizer state (opt_fp), its hyperparameters and the step counters; "
+            "gradients (grad_fp), the optimizer state (opt_fp), its hyperparameters (config_fp, and the "
+            "learning rate at every step recorded) and the step counters; "
             "with the same inputs the update changes every replica alike, so the weights were changed "
             "outside it",
             "the parameters' in-place write counts agree: the change went through writes torch does not "
