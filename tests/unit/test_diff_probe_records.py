@@ -3,21 +3,16 @@ ports and the order in which check blocks were read differ; a changed field show
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():  # noqa: ANN202 - a module loaded from a script path
-    spec = importlib.util.spec_from_file_location("diff_probe_records", ROOT / "scripts" / "diff_probe_records.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("diff_probe_records")
 
 
 def _run(folder: Path, records: list[dict[str, object]]) -> Path:

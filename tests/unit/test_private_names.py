@@ -3,20 +3,15 @@ module's private name, by import and by attribute, and leaves alone what is allo
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _checker():  # noqa: ANN202 - a module loaded from a script path
-    spec = importlib.util.spec_from_file_location("check_private_names", ROOT / "scripts" / "check_private_names.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("check_private_names")
 
 
 def _package(root: Path, files: dict[str, str]) -> Path:
