@@ -8,8 +8,6 @@ from pathlib import Path
 
 from tests.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _script():  # noqa: ANN202 - a module loaded from a script path
     return load_script("diff_probe_records")

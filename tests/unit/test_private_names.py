@@ -7,8 +7,6 @@ from pathlib import Path
 
 from tests.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _checker():  # noqa: ANN202 - a module loaded from a script path
     return load_script("check_private_names")
