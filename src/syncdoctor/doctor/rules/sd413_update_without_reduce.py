@@ -12,7 +12,9 @@ class UpdateWithoutReduce(Rule):
     **Symptom:** no error and no hang (every rank skipped the same all-reduce, so the
     collectives still pair); the replicas part at the first such update, often once
     per epoch or once per accumulation cycle, while the sync schedules agree across
-    ranks.
+    ranks. (A script that keeps DDP inside `no_sync` on purpose and averages the
+    gradients itself with `dist.all_reduce` is counted too: the probe reads DDP's own
+    flag, and a hand-written reduce beside a DDP wrapper is not matched to the update.)
 
     **Cause:** every `backward()` since the previous update ran inside DDP's
     `no_sync()`: the flag that decides when to synchronise is off by one (the last
