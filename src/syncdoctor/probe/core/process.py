@@ -172,6 +172,34 @@ def launcher_rank() -> int | None:
     return None
 
 
+# torch's own launchers start every rank as a process of its own and never train.
+_TORCH_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+_OPTIONS_WITH_VALUE = ("-X", "-W", "-Q")
+
+
+def is_torch_launcher() -> bool:
+    """This process is torchrun (or `python -m torch.distributed.run`): it imports torch
+    but only starts the ranks, so the probe's patches would cost its start-up (on the
+    path to the first rank's start) and do nothing. Read from the command line the
+    interpreter was given (sys.orig_argv), which `-m` has not rewritten yet when torch
+    finishes importing."""
+    words = list(getattr(sys, "orig_argv", sys.argv))[1:]
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "-m":
+            return i + 1 < len(words) and words[i + 1] in _TORCH_LAUNCHER_MODULES
+        if word.startswith("-m"):
+            return word[2:] in _TORCH_LAUNCHER_MODULES
+        if word == "-c" or word == "-":
+            return False
+        if word.startswith("-"):
+            i += 2 if word in _OPTIONS_WITH_VALUE else 1
+            continue
+        return os.path.basename(word) == "torchrun"
+    return False
+
+
 class _AfterImport:
     """A meta-path finder that runs a callback right after a module finishes importing,
     so the patches cost nothing in processes that never import the framework."""

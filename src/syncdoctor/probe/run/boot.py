@@ -15,14 +15,24 @@ import atexit
 import os
 import sys
 
-from syncdoctor.probe.core.process import become_rank, launcher_rank, note_process, run_dir, stop_tee, when_imported
+from syncdoctor.probe.core.process import (
+    become_rank,
+    is_torch_launcher,
+    launcher_rank,
+    note_process,
+    run_dir,
+    stop_tee,
+    when_imported,
+)
 from syncdoctor.settings import DISABLE_ENV, PLUGINS_ENV
 
 
 def _install_torch() -> None:
+    note_process("torch")
+    if is_torch_launcher():
+        return
     from syncdoctor.probe.torch import attach as auto
 
-    note_process("torch")
     auto.install()
 
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from syncdoctor import settings
-from syncdoctor.probe.core import process
 
 REAP_WAIT_S = 10.0
 PR_SET_CHILD_SUBREAPER = 36
@@ -164,7 +163,10 @@ def attach_report(out: Path) -> str:
         if len(records) == 1:
             line += " (one rank attached: nothing to compare it with; did the launcher start one process only?)"
         return line
-    marked = [p.name.split(".")[0] for p in (out / process.PROCS_DIR).glob("*.*")]
+    # Imported here: the probe's process state is not needed on the way to starting the command.
+    from syncdoctor.probe.core.process import PROCS_DIR
+
+    marked = [p.name.split(".")[0] for p in (out / PROCS_DIR).glob("*.*")]
     frameworks = sorted(set(marked))
     if not marked:
         why = (

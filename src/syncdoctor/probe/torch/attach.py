@@ -238,13 +238,26 @@ def _probe_for_optimizer(optimizer: torch.optim.Optimizer, create: bool) -> tupl
     return probe, True
 
 
+def _bound_already(optimizer: torch.optim.Optimizer) -> bool:
+    """Every step after an optimizer's first: its probe is bound. These global hooks run
+    at every step of every optimizer, so this is all they do then (it cannot raise).
+    A loop, not any(): a generator costs more than the loop at every step."""
+    for probe in STATE.probes:  # noqa: SIM110
+        if probe.optimizer is optimizer:
+            return True
+    return False
+
+
 def _before_any_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     """Bind (or, without DDP, create) the probe before the optimizer's first update, so
     that the snapshot's initial weights are the weights training started from."""
-    _probe_for_optimizer(optimizer, create=True)
+    if not _bound_already(optimizer):
+        _safe(_probe_for_optimizer, optimizer, True)
 
 
 def _on_any_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    if _bound_already(optimizer):
+        return
     probe, bound_now = _safe(_probe_for_optimizer, optimizer, True) or (None, False)
     if probe is not None and bound_now:
         # The optimizer's own post-hooks ran before this global one; from the next step on
@@ -425,7 +438,7 @@ def install() -> None:
     observe_gradient_reduces()
     safety.patch_once(DataLoader, "__init__", _remember(_loaders))
     safety.patch_once(_Loss, "__init__", _remember(_loss_modules))
-    register_optimizer_step_pre_hook(lambda *a: _safe(_before_any_step, *a))
+    register_optimizer_step_pre_hook(_before_any_step)
     hooks.prepare_step_dispatch()  # before _on_any_step, which starts the probe's StepWatch
     register_optimizer_step_post_hook(_on_any_step)
     # `syncdoctor experiment`'s variants install here: after the hooks above, so theirs run after them.

@@ -64,6 +64,7 @@ READ_EVERY_STEPS = 100  # a block holds the checks of up to this many steps: one
 MAX_BLOCK = 50  # and at most this many checks: what one read holds stays small at K = 1
 MAX_ROWS_PER_READ = 4096  # checks of all ranks one read moves, at most (each 16 + TENSOR_GROUPS int64)
 STORE_TIMEOUT_S = 10.0  # the most one store call may take before checks stop
+CLOSE_POLL_S = 0.01  # at close, the shortest pause between two looks at the store
 VERDICT_POLL_S = 1.0  # how often a rank asks whether a reader found a mismatch
 _instances = itertools.count()  # probes created in this process, in order: the same on every rank
 
@@ -245,10 +246,16 @@ class CrossRankCheck:
         try:
             if self.rows:
                 self._post()
+            self._arrive("posted")  # every rank's last block is in the store once all have
+            all_posted = False
             while self.due and not self.stopped:
                 self._read_due(None, deadline=deadline)
                 if self.due and not self.stopped:
-                    time.sleep(0.05)
+                    _, posted_at = self.due[0]
+                    if all_posted or not self._wait_keys(["posted/all"], min(deadline, posted_at + self.timeout_s)):
+                        time.sleep(CLOSE_POLL_S)  # a block every rank has posted is still missing: look again later
+                    else:
+                        all_posted = True
             # Every rank's last reads are done (and their verdicts published) before anyone
             # takes the last verdicts: then every rank records every mismatch.
             self._meet("finished", deadline)
@@ -258,7 +265,7 @@ class CrossRankCheck:
                 # init_process_group): it stays until the others have taken the verdicts.
                 self._meet("left", deadline)
             else:
-                self.store.add("left", 1)
+                self._arrive("left")
         except Exception as exc:
             self._give_up(self.probe.step, exc)
         self.stopped = True
@@ -274,12 +281,31 @@ class CrossRankCheck:
         except Exception as exc:
             self._give_up(self.probe.step, exc)
 
+    def _arrive(self, key: str) -> None:
+        """Count this rank in at `key`; the last rank to arrive says so in `key/all`."""
+        if self.store.add(key, 1) >= self.world_size:
+            self.store.set(f"{key}/all", "1")
+
     def _meet(self, key: str, deadline: float) -> None:
         """Count this rank in at `key` and wait until every rank has, or until `deadline`
         (a rank that died does not hold the job's end)."""
-        self.store.add(key, 1)
+        self._arrive(key)
         while self.store.add(key, 0) < self.world_size and time.monotonic() < deadline:
-            time.sleep(0.02)
+            if not self._wait_keys([f"{key}/all"], deadline):
+                time.sleep(CLOSE_POLL_S)  # never a busy loop on a store that does not answer
+
+    def _wait_keys(self, keys: list[str], until: float) -> bool:
+        """Wait for `keys` with the store's own wait, which wakes this rank as soon as they
+        are set (the job's end is not held by a polling interval), at most until `until`
+        (monotonic). False where it timed out or the store did not answer."""
+        left = until - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            self.store.wait(keys, timedelta(seconds=left))
+        except Exception:
+            return False
+        return True
 
     def _read_due(self, upto: int | None, deadline: float | None = None) -> None:
         """Read the due blocks that end at check `upto` or before (None: all), oldest
