@@ -50,6 +50,10 @@ class ChangedAfterReduce:
     step: int
     how: str  # "writes" | "values"
     per_rank: dict[int, int]  # rank -> its writes, or its grad_fp at the update
+    # The ranks that changed what the all-reduce delivered, where others updated from it
+    # unchanged (wrote nothing into it; grad_fp equal to grad_reduced_fp): whoever the
+    # majority is, these ran the code the others did not. Empty where every rank changed it.
+    changers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -256,4 +260,7 @@ class Reduce(Facet):
             return None
         step = int(per_step["step"].min())  # type: ignore[arg-type]
         at = rows.filter(pl.col("step") == step)
-        return ChangedAfterReduce(step, how, {int(r): int(v) for r, v in zip(at["rank"], at[column], strict=True)})
+        per_rank = {int(r): int(v) for r, v in zip(at["rank"], at[column], strict=True)}
+        delivered = at[agreed][0] if agreed else 0  # what the all-reduce left: its fingerprint, or no write
+        changers = tuple(sorted(r for r, v in per_rank.items() if v != delivered))
+        return ChangedAfterReduce(step, how, per_rank, changers if len(changers) < len(per_rank) else ())

@@ -47,7 +47,9 @@ class GradientsChangedAfterReduce(Rule):
         if changed is None:
             return None
         split = agreement(changed.per_rank)
-        odd = split.odd
+        # With no majority (two ranks), the side that changed what the all-reduce delivered,
+        # where the others updated from it unchanged, is the side that ran the extra code.
+        odd = split.odd if split.has_majority or not changed.changers else list(changed.changers)
         if changed.how == "writes":
             counts = ", ".join(f"{n} on rank {r}" for r, n in sorted(changed.per_rank.items()))
             evidence = [
@@ -77,6 +79,12 @@ class GradientsChangedAfterReduce(Rule):
                     "(seeded per rank): a random change between the all-reduce and the update "
                     "(gradient noise, random masking) draws differently on each rank"
                 )
+        if changed.changers and not split.has_majority:
+            kept = [r for r in sorted(changed.per_rank) if r not in changed.changers]
+            evidence.append(
+                f"{fmt_ranks(list(changed.changers))} changed the gradients the all-reduce delivered; "
+                f"{fmt_ranks(kept)} updated from them unchanged"
+            )
         div = ev.replicas.divergence
         if div is not None:
             evidence.append(f"the replicas part at step {div.step}")

@@ -934,7 +934,12 @@ class Probe:
             self.last_grad_norm = out["grad_norm"]
             if self.step % self.tensor_norms_every == 0 or self.step == 1:
                 out["tensor_norms"] = [float(n) for n in norms]
-        if self._local_norms:
+        # The local norm stands beside the reduced one only where it covers the same
+        # tensors: every gradient the update reads was seen arriving in backward. Under
+        # FSDP2 the sharded parameters' gradients arrive by reduce-scatter, not through
+        # their accumulators, so only the parameters outside it would be counted, and
+        # their ratio to the whole reduced norm would read as a sum.
+        if self._local_norms and len(self._local_norms) >= len(present):
             local = float(torch.linalg.vector_norm(torch.stack(list(self._local_norms.values()))))
             local /= self._loss_scale or 1.0
             out["grad_norm_local"] = local
