@@ -204,6 +204,44 @@ class Reduce(Facet):
         return SyncApart(step, call + 1, synced, schedules, at_end)
 
     @cached_property
+    def same_work_per_update(self) -> dict[int, tuple[int, int]] | None:
+        """Ranks that split each update into different numbers of micro-steps yet do the
+        same data-parallel work per update: at every check step where their micro-steps
+        differ, each rank read the same number of samples, made the same number of
+        synchronised backward() calls and made its last call before the update
+        synchronised, so the all-reduces pair one to one and every update reads an
+        averaged gradient (a smaller micro-batch on one rank, compensated by
+        accumulation). Per rank: (micro-steps, samples) per update at the first such
+        check. None where some such check says otherwise or cannot tell (no samples,
+        no schedule)."""
+        steps = self.ev.steps
+        if not self.ev.has_records or not {"samples", "micro", "param_fp"} <= set(steps.columns):
+            return None
+        syncs = pl.col("syncs") if "syncs" in steps.columns else pl.lit(None, dtype=pl.String)
+        checked = steps.filter(pl.col("param_fp").is_not_null() & pl.col("micro").is_not_null())
+        first: dict[int, tuple[int, int]] | None = None
+        for _, rows in checked.select("step", "rank", "micro", "samples", syncs.alias("syncs")).group_by(
+            "step", maintain_order=True
+        ):
+            micro = rows["micro"].to_list()
+            if len(set(micro)) < 2:
+                continue
+            samples = rows["samples"].to_list()
+            if None in samples or len(set(samples)) > 1:
+                return None
+            schedules = [
+                schedule if schedule is not None else ("s" if m == 1 else None)  # absent: one synchronised call
+                for m, schedule in zip(micro, rows["syncs"].to_list(), strict=True)
+            ]
+            if None in schedules or len({c.count("s") for c in schedules}) > 1:  # type: ignore[union-attr]
+                return None
+            if not all(c.endswith("s") for c in schedules):  # type: ignore[union-attr]
+                return None
+            if first is None:
+                first = {int(r): (int(m), int(n)) for r, m, n in zip(rows["rank"], micro, samples, strict=True)}
+        return first
+
+    @cached_property
     def unsynced_updates(self) -> UnsyncedUpdates | None:
         """Updates that read gradients no all-reduce averaged: every backward() since the
         previous update ran inside no_sync, on some ranks or on all."""

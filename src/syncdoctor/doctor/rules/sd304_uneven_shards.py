@@ -43,7 +43,8 @@ class UnevenShards(Rule):
         ranks: set[int] = set()
         confidence = 0.0
         if ev.has_records and "samples" in ev.steps.columns:
-            # Per micro-step, so that a rank merging two micro-steps into one update is not "uneven".
+            # Only at steps where every rank ran as many micro-steps: where they split an
+            # update differently, the accumulation layout differs (SD402, SD411), not the shards.
             per_micro = ev.steps.filter(pl.col("samples").is_not_null() & (pl.col("micro") > 0)).with_columns(
                 (pl.col("samples") / pl.col("micro")).alias("per_micro")
             )
@@ -51,10 +52,11 @@ class UnevenShards(Rule):
                 per_micro.group_by("step")
                 .agg(
                     pl.col("per_micro").n_unique().alias("k"),
+                    pl.col("micro").n_unique().alias("layouts"),
                     pl.col("per_micro").min().alias("lo"),
                     pl.col("per_micro").max().alias("hi"),
                 )
-                .filter(pl.col("k") > 1)
+                .filter((pl.col("k") > 1) & (pl.col("layouts") == 1))
                 .sort("step")
             )
             if per_step.height:

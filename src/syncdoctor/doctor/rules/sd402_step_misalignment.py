@@ -29,6 +29,11 @@ class StepMisalignment(Rule):
     accumulation counter (data length differs, an off-by-one `(i+1) % N`, a
     per-rank overflow skip), so ranks do not execute the same step semantics.
 
+    Only a note (info) where the ranks split each update into different numbers of
+    micro-steps but read as many samples per update and make one synchronised
+    backward() last (a smaller micro-batch on a rank short of memory, compensated by
+    accumulation): the all-reduces pair one to one and the replicas stay equal.
+
     From logs alone: an update or epoch counter the ranks print differently at the
     same step.
 
@@ -88,6 +93,27 @@ class StepMisalignment(Rule):
                 "any update read them (" + ", ".join(f"{n} on rank {r}" for r, n in sorted(discarded.items())) + ")"
             )
         confidence = 0.6 if ev.numerics.overflow_disagreement else 0.9
+        same_work = ev.reduce.same_work_per_update
+        if same_work is not None and not (div and {"param", "opt"} & set(div.what)):
+            # Different micro-batch layouts, the same work per update: a note, not a fault
+            # (the replicas stay equal whatever each rank's loss weighting is).
+            layouts = "; ".join(
+                f"rank {r}: {m} micro-step{'s' if m > 1 else ''}, {n} samples"
+                for r, (m, n) in sorted(same_work.items())
+            )
+            evidence.append(
+                f"per update ({layouts}): every rank reads as many samples and makes one synchronised backward() "
+                "last, so the all-reduces pair one to one; right as long as each rank divides its loss by its "
+                "own number of micro-steps (an undivided sum weighs the accumulating rank's batch more)"
+            )
+            return self.found(
+                0.5,
+                evidence,
+                ranks=sorted(ranks),
+                step=step,
+                severity="info",
+                title="Ranks split each update into different numbers of micro-steps",
+            )
         return self.found(confidence, evidence, ranks=sorted(ranks), step=step, tensor=div.tensor if div else None)
 
     @staticmethod

@@ -22,6 +22,11 @@ class SyncScheduleDiffers(Rule):
     whatever collective the other rank makes next (the wrong micro-step's, a
     broadcast, none at all).
 
+    Not this: one rank splits each update into more, smaller micro-batches than the
+    others (a smaller batch where memory is short, compensated by accumulation) with
+    the same samples and the same synchronised call per update on every rank; the
+    all-reduces pair one to one (SD402 notes the different layout).
+
     **Quick check:** print `model.require_backward_grad_sync` at every forward of
     the DDP model on every rank: the sequences differ.
 
@@ -40,6 +45,11 @@ class SyncScheduleDiffers(Rule):
     def evaluate(self, ev: Evidence) -> Finding | None:
         apart = ev.reduce.sync_apart
         if apart is None:
+            return None
+        if not apart.at_end and ev.reduce.same_work_per_update is not None:
+            # The schedules differ only in how many no_sync calls come before the one
+            # synchronised call: the all-reduces pair one to one and every update reads
+            # an averaged gradient of as many samples on every rank (SD402 notes the layout).
             return None
         synced = sorted(r for r, s in apart.synced.items() if s)
         unsynced = sorted(r for r, s in apart.synced.items() if not s)

@@ -7,7 +7,8 @@ and the silent bugs --odd-weight-decay-rank R, --nan-at RANK:STEP, --accumulate 
 --clip RANK:NORM (that rank alone clips the averaged gradients) and --unsynced-every N
 (every N-th update reads unaveraged gradients on every rank); --scale-all-at and
 --scale-data-at RANK:STEP write the weights of one rank outside the update (counted by
-torch's version counters, and through `p.data`, not counted).
+torch's version counters, and through `p.data`, not counted); --split-batch RANK (healthy: that
+rank reads half-size batches, two per update).
 
 With SYNCDOCTOR_TEST_PAUSE="where:rank:step" (kill tests only) one rank stops at a
 chosen point (mid-record, just before the check, inside the comm hook), writes
@@ -59,6 +60,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     # run, under an `if rank == 0:`): every rank starts from the same weights.
     p.add_argument("--resume-momentum-rank", type=int, default=None)
     p.add_argument("--accumulate", default="1")
+    # --split-batch RANK: that rank reads half-size batches and accumulates two per update
+    # (loss halved): the same samples and one synchronised backward per update, as a rank
+    # short of memory does. Healthy.
+    p.add_argument("--split-batch", type=int, default=None)
     # Gradient clipping between backward and the update, on RANK only or on "all"
     # ("0:0.05"): the all-reduce delivers the same gradient, one rank then rescales it.
     p.add_argument("--clip", default=None)
@@ -133,7 +138,8 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
     g = torch.Generator().manual_seed(1234)
     data = TensorDataset(torch.randn(512, 1, 8, 8, generator=g), torch.randint(0, 10, (512,), generator=g))
     sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
-    loader = DataLoader(data, batch_size=16, sampler=sampler, drop_last=True)
+    split = rank == args.split_batch
+    loader = DataLoader(data, batch_size=8 if split else 16, sampler=sampler, drop_last=True)
     model = DDP(Net())
     state = {"step": 0}
     install_pause_points(rank, state)
@@ -156,7 +162,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
     scale_rank, scale_step = args.scale_all_at.split(":") if args.scale_all_at else (None, "0")
     data_rank, data_step = args.scale_data_at.split(":") if args.scale_data_at else (None, "0")
     accumulate_rank, accumulate = args.accumulate.split(":") if ":" in args.accumulate else (str(rank), args.accumulate)
-    micro_steps = int(accumulate) if accumulate_rank == str(rank) else 1
+    micro_steps = 2 if split else int(accumulate) if accumulate_rank == str(rank) else 1
     clip_rank, clip_norm = args.clip.split(":") if args.clip else (None, "0")
     micro = 0
     epoch = 0
@@ -167,7 +173,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
             last_micro = micro == micro_steps
             unsynced = args.unsynced_every and (state["step"] + 1) % args.unsynced_every == 0
             with contextlib.nullcontext() if last_micro and not unsynced else model.no_sync():
-                loss = loss_fn(model(x), y)
+                loss = loss_fn(model(x), y) / (micro_steps if split else 1)
                 if nan_rank in ("all", str(rank)) and state["step"] + 1 >= int(nan_step):
                     loss = loss * float("nan")
                 loss.backward()
