@@ -349,8 +349,8 @@ def diagnose_evidence(ev: Evidence) -> Diagnosis:
     _say_what_held_upstream(ev, findings)
     ev.warnings[:0] = _unchecked(ev)
     div = ev.replicas.divergence
-    if div is not None and set(div.what) <= {"counter"}:
-        div = None  # counters apart, every replica's state equal: the replicas did not part
+    if div is not None and set(div.what) <= {"counter"} and not any(odd for _, odd in ev.agreement.per_check):
+        div = None  # counters apart and the parameters equal at every check: the replicas never parted
     diag = Diagnosis(
         verdict=verdict_for(ev, findings),
         loss_shape=ev.loss.mean_shape,
