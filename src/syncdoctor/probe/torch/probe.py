@@ -225,11 +225,9 @@ class Probe:
         # and whether one ever did before an update (the loop has shown that it reduces).
         # Only then does an update with no such call count: a job that never calls
         # dist.all_reduce on a gradient (FSDP2, its own comm library, a flat buffer, an
-        # all_reduce bound before the patch) counts none. The gradients' data pointers
-        # are read once per update, at the first all_reduce after a backward().
+        # all_reduce bound before the patch) counts none.
         self._grad_reduced = False
         self._reduces_grads = False
-        self._grad_ptrs: set[int] | None = None
         # what the current iteration reported
         self._losses: list[torch.Tensor | float] = []  # through probe.loss()
         self._auto_losses: list[torch.Tensor] = []  # scalars that reached backward()
@@ -582,7 +580,6 @@ class Probe:
         if self._hand_reduced:
             # A hand-written loop's reduces before this backward are not what the update reads.
             self._hand_reduced = {}
-        self._grad_ptrs = None  # backward() may have made new gradient tensors
 
     def after_all_reduce(self, tensor: torch.Tensor) -> None:
         """A synchronous `dist.all_reduce(tensor)` returned. Without a DDP wrapper, an
@@ -604,15 +601,18 @@ class Probe:
 
     def _note_grad_reduce(self, tensor: torch.Tensor) -> None:
         """Whether this all_reduce's tensor is (the memory of) a parameter's gradient:
-        a loss or a metric averaged for logging is no reduce of the gradients."""
-        ptrs = self._grad_ptrs
+        a loss or a metric averaged for logging is no reduce of the gradients. Called
+        until the update's first hit: a loop that reduces in the parameters' order hits
+        at the first parameter."""
         try:
-            if ptrs is None:
-                self._grad_ptrs = ptrs = {p.grad.data_ptr() for p in self._params if p.grad is not None}
-            if tensor.data_ptr() in ptrs:
-                self._grad_reduced = True
+            ptr = tensor.data_ptr()
+            for p in self._params:
+                grad = p.grad
+                if grad is not None and grad.data_ptr() == ptr:
+                    self._grad_reduced = True
+                    return
         except Exception:  # a tensor subclass with no storage of its own (DTensor): not matched
-            self._grad_ptrs = set()
+            return
 
     def _hand_reduced_fp(self, grads: list[torch.Tensor | None]) -> int | None:
         """The gradients as the user's all_reduce calls left them, where every
@@ -741,7 +741,6 @@ class Probe:
             self._unsynced_updates += 1
             self._unsynced_first = self._unsynced_first or step
         elif self._wrapper is None:
-            self._grad_ptrs = None
             if self._grad_reduced:
                 self._grad_reduced, self._reduces_grads = False, True
             elif stepped and self._reduces_grads:
