@@ -53,7 +53,7 @@ TORCH_NOT_IN_SHORT_RUN = {
     },
     **{
         ("step", name): "an update none of whose backward calls synchronised only (tests/e2e/probe/test_round_trip.py)"
-        for name in ("unsynced_updates", "unsynced_first")
+        for name in ("unsynced_updates", "unsynced_first", "unsynced_how")
     },
     ("end", "pending_syncs"): "a rank that ends between backward and update only (tests/e2e/probe/test_round_trip.py)",
     **{

@@ -197,11 +197,19 @@ STEP = (
     _f(
         "unsynced_updates",
         "int",
-        "DDP, at checks, so far, absent when none: updates none of whose backward() calls since "
-        "the previous update synchronised (all inside no_sync): the update read unaveraged gradients",
+        "at checks, so far, absent when none: updates that read unaveraged gradients. DDP: none of "
+        "whose backward() calls since the previous update synchronised (all inside no_sync); a "
+        "hand-written loop (no DDP wrapper) that reduced the gradients with dist.all_reduce before "
+        "an earlier update: no all_reduce of a gradient returned since the previous update",
         by=(TORCH,),
     ),
     _f("unsynced_first", "int", "the step of the first of them", by=(TORCH,)),
+    _f(
+        "unsynced_how",
+        "str",
+        'with unsynced_updates: "no_sync" (a DDP wrapper) or "no_all_reduce" (a hand-written loop)',
+        by=(TORCH,),
+    ),
     _f(
         "discarded",
         "int",

@@ -101,6 +101,7 @@ STAGES: tuple[Stage, ...] = (
             "step.syncs",
             "step.unsynced_updates",
             "step.unsynced_first",
+            "step.unsynced_how",
             "step.micro",
             "step.backward",
             "step.opt_steps",

@@ -50,6 +50,7 @@ LAUNCHES = [
     ("hand_average_job.py", 2, 5),
     ("hand_average_job.py", 2, 5, "--write-back"),
     ("hand_average_job.py", 2, 5, "--write-back", "--noise-after-average"),
+    ("hand_average_job.py", 2, 5, "--write-back", "--unreduced-every", "4"),
 ]
 
 
@@ -269,6 +270,8 @@ def test_a_hand_written_all_reduce_is_observed_where_it_returns(launched, noise:
     assert reduced.height >= 2, "no hand-written reduce observed"
     per_check = reduced.group_by("step").agg(pl.col("grad_reduced_fp").n_unique().alias("k"), pl.len().alias("n"))
     assert per_check["k"].to_list() == [1] * per_check.height and set(per_check["n"]) == {2}
+    # Every update followed the loop's all_reduce of each gradient: none is counted unreduced.
+    assert "unsynced_updates" not in steps.columns or steps["unsynced_updates"].null_count() == steps.height
     diag = diagnose([out])
     if not noise:
         assert diag.verdict == "healthy", [(f.code, f.evidence) for f in diag.findings]
@@ -279,6 +282,31 @@ def test_a_hand_written_all_reduce_is_observed_where_it_returns(launched, noise:
     ]
     assert any("same gradient right after the all-reduce" in line for line in top.evidence)
     assert "SD403" not in {f.code for f in diag.findings}
+
+
+def test_a_hand_written_loop_phase_that_steps_without_its_all_reduce_is_named(launched) -> None:
+    """scripts/hand_average_job.py --write-back --unreduced-every 4: no DDP wrapper; after
+    every 4th update a penalty phase (StyleGAN2's lazy regularisation in shape) calls
+    backward() and step() without the loop's all_reduce. The probe counts those updates
+    (no all_reduce of a gradient since the previous update, in a loop that reduced before
+    an earlier one: the first at step 5, then every 5th update) and SD413 names the
+    missing reduce, not the optimizer state that parts as a result. Its twin without the
+    option is healthy and counts none (the test above)."""
+    out = launched(("hand_average_job.py", 2, 5, "--write-back", "--unreduced-every", "4"))
+    checks = read_run(out).steps.filter(pl.col("param_fp").is_not_null() & (pl.col("step") >= 5))
+    assert set(checks["unsynced_first"].to_list()) == {5}
+    assert set(checks["unsynced_how"].to_list()) == {"no_all_reduce"}
+    assert checks.filter(pl.col("step") == 20)["unsynced_updates"].to_list() == [4, 4]
+    diag = diagnose([out])
+    top = diag.findings[0]
+    assert (top.code, top.category, top.stage, top.step, top.ranks) == (
+        "SD413",
+        "sync.incomplete_reduce",
+        "sync_schedule",
+        5,
+        [],
+    ), [(f.code, f.evidence) for f in diag.findings]
+    assert any("no all_reduce call of a gradient" in line for line in top.evidence)
 
 
 def test_an_optimizer_state_resumed_on_one_rank_is_named_at_the_first_check(torchrun) -> None:
@@ -337,6 +365,7 @@ def test_an_update_that_read_unaveraged_gradients_on_every_rank_is_named(torchru
     out = torchrun("--steps", "20", "--accumulate", "2", "--unsynced-every", "4")
     checks = read_run(out).steps.filter(pl.col("param_fp").is_not_null() & (pl.col("step") >= 5))
     assert set(checks["unsynced_first"].to_list()) == {4}
+    assert set(checks["unsynced_how"].to_list()) == {"no_sync"}
     assert checks.filter(pl.col("step") == 20)["unsynced_updates"].to_list() == [5, 5]
     top = diagnose([out]).findings[0]
     assert (top.code, top.category, top.stage, top.step, top.ranks) == (

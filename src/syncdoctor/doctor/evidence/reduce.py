@@ -58,13 +58,16 @@ class ChangedAfterReduce:
 
 @dataclass(frozen=True)
 class UnsyncedUpdates:
-    """The first check at which some rank had applied updates none of whose backward()
-    calls synchronised (probe fields unsynced_updates, unsynced_first): per rank, how
-    many so far and the step of the first (ranks with none: absent)."""
+    """The first check at which some rank had applied updates that read unaveraged
+    gradients (probe fields unsynced_updates, unsynced_first, unsynced_how): per rank,
+    how many so far and the step of the first (ranks with none: absent), and how the
+    probe knew: every backward() since the previous update inside DDP's no_sync, or,
+    in a hand-written loop, no dist.all_reduce of a gradient since the previous update."""
 
     step: int  # the check that first showed them
     count: dict[int, int]
     first: dict[int, int]
+    hand_written: bool = False  # every such rank: no all_reduce call (no DDP wrapper), not no_sync
 
 
 def _first_apart(schedules: dict[int, str]) -> int | None:
@@ -244,7 +247,8 @@ class Reduce(Facet):
     @cached_property
     def unsynced_updates(self) -> UnsyncedUpdates | None:
         """Updates that read gradients no all-reduce averaged: every backward() since the
-        previous update ran inside no_sync, on some ranks or on all."""
+        previous update ran inside no_sync, or a hand-written loop called no all_reduce
+        of a gradient since then, on some ranks or on all."""
         steps = self.ev.steps
         if not self.ev.has_records or "unsynced_updates" not in steps.columns:
             return None
@@ -253,10 +257,12 @@ class Reduce(Facet):
             return None
         step = int_of(rows["step"].min())
         at = rows.filter(pl.col("step") == step).unique("rank", keep="last")
+        how = set(at["unsynced_how"].to_list()) if "unsynced_how" in at.columns else {None}
         return UnsyncedUpdates(
             step,
             {int(r): int(n) for r, n in zip(at["rank"], at["unsynced_updates"], strict=True)},
             {int(r): int(f) for r, f in zip(at["rank"], at["unsynced_first"], strict=True)},
+            hand_written=how == {"no_all_reduce"},
         )
 
     @cached_property

@@ -220,6 +220,14 @@ class Probe:
         # averaged gradients. How many so far, and the first one's step.
         self._unsynced_updates = 0
         self._unsynced_first = 0
+        # The same for a hand-written loop (no DDP wrapper): whether a synchronous
+        # `dist.all_reduce` of a parameter's gradient returned since the previous update,
+        # and whether one ever did before an update (the loop has shown that it reduces).
+        # Only then does an update with no such call count: a job that never calls
+        # dist.all_reduce on a gradient (FSDP2, its own comm library, a flat buffer, an
+        # all_reduce bound before the patch) counts none.
+        self._grad_reduced = False
+        self._reduces_grads = False
         # what the current iteration reported
         self._losses: list[torch.Tensor | float] = []  # through probe.loss()
         self._auto_losses: list[torch.Tensor] = []  # scalars that reached backward()
@@ -579,12 +587,32 @@ class Probe:
         hand-written loop): at detailed steps its result is fingerprinted here, what
         DDP's synchronised backward() returning is for a wrapped model. A gradient
         reduced through a flat buffer or an async call is not matched: the record then
-        holds no grad_reduced_fp (not observed)."""
-        if self.disabled or self._wrapper is not None or not self._detailed:
+        holds no grad_reduced_fp (not observed). At every update's first call of a
+        gradient it notes that the update had its reduce (unsynced_updates)."""
+        if self.disabled or self._wrapper is not None:
             return
         if self.layout is not None and self.layout.sharded:
             return
+        if not self._grad_reduced:
+            self._note_grad_reduce(tensor)
+        if not self._detailed:
+            return
         self._hand_reduced[(tensor.data_ptr(), tensor.numel())] = (tensor, fingerprints([tensor])[0])
+
+    def _note_grad_reduce(self, tensor: torch.Tensor) -> None:
+        """Whether this all_reduce's tensor is (the memory of) a parameter's gradient:
+        a loss or a metric averaged for logging is no reduce of the gradients. Called
+        until the update's first hit: a loop that reduces in the parameters' order hits
+        at the first parameter."""
+        try:
+            ptr = tensor.data_ptr()
+            for p in self._params:
+                grad = p.grad
+                if grad is not None and grad.data_ptr() == ptr:
+                    self._grad_reduced = True
+                    return
+        except Exception:  # a tensor subclass with no storage of its own (DTensor): not matched
+            return
 
     def _hand_reduced_fp(self, grads: list[torch.Tensor | None]) -> int | None:
         """The gradients as the user's all_reduce calls left them, where every
@@ -712,6 +740,17 @@ class Probe:
         if stepped and syncs and "s" not in syncs:
             self._unsynced_updates += 1
             self._unsynced_first = self._unsynced_first or step
+        elif self._wrapper is None:
+            if self._grad_reduced:
+                self._grad_reduced, self._reduces_grads = False, True
+            elif stepped and self._reduces_grads:
+                # No all_reduce of a gradient since the previous update, in a loop that
+                # reduced them before an earlier update. An update before the first such
+                # one is not counted, even once the loop shows that it reduces: the probe
+                # may have been created after that update's reduce (zero-code mode creates
+                # it at the first optimizer step where it cannot at the first backward).
+                self._unsynced_updates += 1
+                self._unsynced_first = self._unsynced_first or step
         now = time.time()
         loss = self._mean_loss()
         lr = self._lr()
@@ -887,6 +926,7 @@ class Probe:
         if self._unsynced_updates:
             out["unsynced_updates"] = self._unsynced_updates
             out["unsynced_first"] = self._unsynced_first
+            out["unsynced_how"] = "no_sync" if self._wrapper is not None else "no_all_reduce"
         tensor_fps = fingerprints(params, cache=self._views, kind="param")
         out["param_fp"] = combine(tensor_fps)
         if (self.layout is None or not self.layout.sharded) and self.opt_state_replicated:

@@ -5,7 +5,10 @@ zero stand-in for a gradient a rank did not produce and drops it: those ranks ke
 gradient there and do not update the head. With --write-back the reduced tensor is
 assigned to `p.grad` on every rank (healthy). --noise-after-average adds "gradient
 noise" to the averaged gradients from a generator seeded per rank (the all-reduce is
-right; what comes after it differs per rank)."""
+right; what comes after it differs per rank). --unreduced-every N adds, after every N-th
+update, a second phase in the shape of StyleGAN2's lazy regularisation: the backward of a
+penalty and an optimizer step with no average at all, so that update reads each rank's own
+gradient of its own batch."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=30)
 p.add_argument("--write-back", action="store_true")
 p.add_argument("--noise-after-average", action="store_true")
+p.add_argument("--unreduced-every", type=int, default=0)
 args = p.parse_args()
 
 dist.init_process_group("gloo")
@@ -65,4 +69,9 @@ for step in range(args.steps):
     loss.backward()
     average_gradients()
     optimizer.step()
+    if args.unreduced_every and step % args.unreduced_every == args.unreduced_every - 1:
+        optimizer.zero_grad()
+        penalty = model.head(model.body(x)).square().mean() * 0.1
+        penalty.backward()
+        optimizer.step()  # the bug: no average_gradients() in this phase
 dist.destroy_process_group()
