@@ -84,13 +84,25 @@ def test_a_parameter_assigned_after_the_probe_began_is_counted_while_it_is_there
     assert seen[2] == (None, None) and seen[3] == (1, "fc1.bias") and seen[8] == (1, "fc1.bias"), seen
 
 
+def test_a_layer_replaced_after_the_probe_began_counts_its_new_parameters(tmp_path: Path) -> None:
+    def replace(step: int, net: nn.Module) -> None:
+        if step == 5:
+            net.fc1 = nn.Linear(6, 8)
+
+    seen = _rebound(_train(tmp_path, replace))
+    assert seen[5] == (None, None) and seen[6] == (2, "fc1.weight"), seen
+
+
 def test_healthy_training_renames_moves_and_wrappers_record_nothing(tmp_path: Path) -> None:
     """The update writes in place; a pruning left in place renames weight to weight_orig
-    (the same object); model.to() on its own device and a compiled wrapper keep the objects."""
+    (the same object), as a new container around a layer renames its parameters;
+    model.to() on its own device and a compiled wrapper keep the objects."""
 
     def rename_and_move(step: int, net: nn.Module) -> None:
         if step == 3:
             prune.l1_unstructured(net.fc2, "weight", amount=0.25)
+        if step == 5:  # a new container around the same layer: the same parameters
+            net.fc1 = nn.Sequential(net.fc1)
         net.to("cpu")
 
     for name, after, wrap in [

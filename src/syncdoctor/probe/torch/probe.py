@@ -106,6 +106,20 @@ def _grad_outside(module: torch.nn.Module, reduced: set[int]) -> bool:
     return False
 
 
+def _unwatched(modules: list[torch.nn.Module], module_ids: set[int], watched: set[int]) -> bool:
+    """Whether the modules the probe began with hold a trainable parameter whose id is not
+    in `watched`, or a child module they did not hold (a layer replaced: its parameters
+    are new). A loop over the modules' own dicts: names are built only on a hit."""
+    for m in modules:
+        for p in m._parameters.values():
+            if p is not None and p.requires_grad and id(p) not in watched:
+                return True
+        for c in m._modules.values():
+            if c is not None and id(c) not in module_ids:
+                return True
+    return False
+
+
 def _ddp_holding(module: torch.nn.Module) -> Any:
     """The live DDP wrapper of `module`, if one holds it (a scan of live objects, once
     per probe, only where DDP is in use)."""
@@ -254,6 +268,7 @@ class Probe:
         self._swaps = 0  # watched parameters whose storage was replaced, summed over the checks
         self._rebound_first: str | None = None
         self._modules = list(self.module.modules())
+        self._module_ids = {id(m) for m in self._modules}
         # The initial weights, taken now: at DDP construction (after its broadcast), at
         # attach, or before the first update of a loop without DDP (auto.py binds there).
         # Taken at the first step's end it would already hold the first update, and a
@@ -964,8 +979,8 @@ class Probe:
         differs across ranks means code outside it rebound some ranks' parameters. The first
         such tensor seen is kept, by name. A loop over the parameters, at checks only."""
         params = self._params
-        try:
-            storages = [p.data_ptr() for p in params]
+        try:  # an empty tensor's address means nothing: 0
+            storages = [p.data_ptr() if p.numel() else 0 for p in params]
         except Exception:  # a tensor without storage of its own (a subclass): not observed
             return 0
         before, self._storages = self._storages, storages
@@ -974,6 +989,8 @@ class Probe:
             self._swaps += len(changed)
             self._rebound_first = self._rebound_first or self._named_params[changed[0]][0]
         ids = self._bound_ids
+        if not _unwatched(self._modules, self._module_ids, ids):
+            return self._swaps
         foreign = [n for n, p in self.module.named_parameters() if id(p) not in ids and p.requires_grad]
         if foreign:
             self._rebound_first = self._rebound_first or foreign[0]
