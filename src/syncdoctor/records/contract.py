@@ -181,6 +181,15 @@ STEP = (
     ),
     _f("uncovered_first", "str", "the first of them, by name", by=(TORCH,)),
     _f(
+        "params_rebound",
+        "int",
+        "at checks, absent when none (not under FSDP/TP or ZeRO): the module's trainable parameters that are "
+        "not the objects the probe watches (assigned after the wrap), plus the times a watched parameter's "
+        "storage was replaced since the first check (`p.data = ...`, prune.remove, half())",
+        by=(TORCH,),
+    ),
+    _f("params_rebound_first", "str", "the first such tensor seen, by name", by=(TORCH,)),
+    _f(
         "grads_missing",
         "int",
         "at checks, summed over the updates so far: trainable parameters the update read with no gradient",

@@ -40,7 +40,7 @@ STAGES: tuple[Stage, ...] = (
         "live bindings",
         "the model, wrapper and optimizer in use are the ones every rank built, holding the state "
         "every rank loaded alike (a rebuilt wrapper or optimizer starts a new segment of the run)",
-        ("snapshot.segment", "snapshot.ddp", "snapshot.optimizer"),
+        ("snapshot.segment", "snapshot.ddp", "snapshot.optimizer", "step.params_rebound", "step.params_rebound_first"),
     ),
     Stage(
         "init",

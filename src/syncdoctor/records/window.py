@@ -49,6 +49,7 @@ _PER_RANK = {
     "data_fp",
     "samples",
     "uncovered_first",
+    "params_rebound_first",
     "grads_missing_first",
 }
 

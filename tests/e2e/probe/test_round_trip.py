@@ -356,6 +356,30 @@ def test_weights_changed_through_data_outside_the_update_are_named_there(torchru
     assert not {"SD601", "SD971", "SD507"} & {f.code for f in diag.findings}
 
 
+def test_a_weight_given_new_storage_on_one_rank_is_named_at_the_bindings(torchrun) -> None:
+    """ddp_train.py --rebind-at 0:12: rank 0 prunes fc.weight of the training model after
+    update 12 through `p.data = ...` (what prune.remove does in a rank-0 export). The
+    parameter is the same object, its version counter unchanged (no SD507), and only that
+    tensor parts, which looked like a flipped bit (SD971). The probe sees the new storage
+    at the next check (params_rebound on rank 0 only): SD509 names rank 0, step 15 and
+    fc.weight, at the live bindings, and SD971 stands down."""
+    out = torchrun("--steps", "23", "--rebind-at", "0:12")
+    checks = read_run(out).steps.filter(pl.col("param_fp").is_not_null() & (pl.col("step") >= 10))
+    seen = {(r, s): n for r, s, n in checks.select("rank", "step", "params_rebound").iter_rows()}
+    assert seen[(0, 10)] is None and seen[(0, 15)] == 1 and seen[(1, 15)] is None, seen
+    diag = diagnose([out])
+    top = diag.findings[0]
+    assert (top.code, top.category, top.stage, top.ranks, top.step, top.tensor) == (
+        "SD509",
+        "model.init_mismatch",
+        "bindings",
+        [0],
+        15,
+        "fc.weight",
+    ), top
+    assert not {"SD971", "SD507"} & {f.code for f in diag.findings}
+
+
 def test_an_update_that_read_unaveraged_gradients_on_every_rank_is_named(torchrun) -> None:
     """ddp_train.py --accumulate 2 --unsynced-every 4: every 4th update's last micro-step
     also runs inside no_sync on both ranks. The schedules agree ("nn" everywhere: no

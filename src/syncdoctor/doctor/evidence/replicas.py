@@ -14,6 +14,7 @@ from syncdoctor.doctor.evidence.agreement import Agreement
 from syncdoctor.doctor.evidence.fingerprints import Fingerprints
 from syncdoctor.doctor.evidence.placement import Placement
 from syncdoctor.doctor.evidence.sources import Facet, Sources, int_of
+from syncdoctor.records.compare import agreement as value_agreement
 from syncdoctor.records.compare import majority_outliers
 
 # Fingerprints that healthy data parallelism keeps bitwise equal across ranks.
@@ -41,6 +42,19 @@ class Divergence:
 # tensor equal across replicas. A change that reaches more than this share of the
 # tensors (and more than two) comes from code that treats a rank apart.
 CONFINED_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Rebound:
+    """The first check at which the ranks' live bindings differed (probe field
+    params_rebound: the module's parameters that are not the watched objects, plus
+    the watched ones whose storage was replaced): which ranks, how many each."""
+
+    step: int
+    since: int | None  # the check before, where the counts agreed (None: the first check)
+    ranks: list[int]  # the ranks rebound apart from the rest
+    counts: dict[int, int]  # rank -> params_rebound at `step` (0 where absent)
+    first: str | None  # the first tensor the named ranks saw rebound
 
 
 def confined(reach: tuple[int, int]) -> bool:
@@ -214,6 +228,37 @@ class Replicas(Facet):
         if first is None:
             return None
         return self.fingerprints.first_disagreement(kind, first, first) is None
+
+    @cached_property
+    def rebound(self) -> Rebound | None:
+        """Where the ranks' parameters first stopped being bound alike (probe fields
+        params_rebound*, absent where zero): the first check whose counts differ."""
+        steps = self.ev.steps if self.ev.has_records else None
+        if steps is None or "params_rebound" not in steps.columns or "param_writes" not in steps.columns:
+            return None
+        rows = steps.filter(pl.col("param_writes").is_not_null()).with_columns(
+            pl.col("params_rebound").fill_null(0).alias("rebound")
+        )
+        per_check = (
+            rows.group_by("step")
+            .agg(pl.col("rebound").n_unique().alias("k"), pl.len().alias("n"))
+            .filter(pl.col("n") == len(self.ev.ranks))
+            .sort("step")
+        )
+        apart = per_check.filter(pl.col("k") > 1)
+        if not apart.height:
+            return None
+        step = int_of(apart["step"][0])
+        agreed = per_check.filter((pl.col("step") < step) & (pl.col("k") == 1))
+        since = int_of(agreed["step"][-1]) if agreed.height else None
+        at = rows.filter(pl.col("step") == step)
+        counts = {int(r): int(c) for r, c in zip(at["rank"], at["rebound"], strict=True)}
+        split = value_agreement(counts)
+        # No strict majority (two ranks, an even split): the rebound ones are the ranks with the most.
+        odd = split.odd if split.has_majority else [r for r, c in counts.items() if c == max(counts.values())]
+        names = at["params_rebound_first"] if "params_rebound_first" in at.columns else [None] * at.height
+        first = next((str(n) for r, n in zip(at["rank"], names, strict=True) if n is not None and int(r) in odd), None)
+        return Rebound(step, since, sorted(odd), counts, first)
 
     @cached_property
     def counter_table(self) -> dict[str, dict[int, Any]]:

@@ -107,6 +107,9 @@ class SilentCorruption(Rule):
             return None  # apart from the start: initialisation or set-up, not a flip
         if ev.events.rebuilt_within(div.last_agree_step, div.step) is not None:
             return None  # apart from a rebuild's start: the state loaded, not a flip (SD505)
+        rebound = ev.replicas.rebound
+        if rebound is not None and rebound.step <= div.step:
+            return None  # parameters replaced by code on some ranks: a software cause seen (SD509)
         reach = ev.replicas.tensors_parted(div.step)
         if reach is not None and not confined(reach):
             return None  # most tensors changed at once: a rank treated apart by code, not a flip

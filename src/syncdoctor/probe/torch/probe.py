@@ -106,6 +106,20 @@ def _grad_outside(module: torch.nn.Module, reduced: set[int]) -> bool:
     return False
 
 
+def _unwatched(modules: list[torch.nn.Module], module_ids: set[int], watched: set[int]) -> bool:
+    """Whether the modules the probe began with hold a trainable parameter whose id is not
+    in `watched`, or a child module they did not hold (a layer replaced: its parameters
+    are new). A loop over the modules' own dicts: names are built only on a hit."""
+    for m in modules:
+        for p in m._parameters.values():
+            if p is not None and p.requires_grad and id(p) not in watched:
+                return True
+        for c in m._modules.values():
+            if c is not None and id(c) not in module_ids:
+                return True
+    return False
+
+
 def _ddp_holding(module: torch.nn.Module) -> Any:
     """The live DDP wrapper of `module`, if one holds it (a scan of live objects, once
     per probe, only where DDP is in use)."""
@@ -254,7 +268,15 @@ class Probe:
         self._named_params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         self._params = [p for _, p in self._named_params]
         self._param_ids = {id(p) for p in self._params}
+        # Every parameter object the module held when the probe began (frozen ones too),
+        # and, from the first check on, the storage each watched one held: the live
+        # bindings (_rebound). The watched ones are pinned by _params, so their ids stay theirs.
+        self._bound_ids = {id(p) for p in self.module.parameters()}
+        self._storages: list[int] | None = None
+        self._swaps = 0  # watched parameters whose storage was replaced, summed over the checks
+        self._rebound_first: str | None = None
         self._modules = list(self.module.modules())
+        self._module_ids = {id(m) for m in self._modules}
         # The initial weights, taken now: at DDP construction (after its broadcast), at
         # attach, or before the first update of a loop without DDP (auto.py binds there).
         # Taken at the first step's end it would already hold the first update, and a
@@ -935,6 +957,10 @@ class Probe:
             # means code outside the update wrote into the parameters on some ranks
             # (not under ZeRO, where each rank updates its own part and receives the rest).
             out["param_writes"] = sum(p._version for p in params)
+            rebound = self._rebound()
+            if rebound:
+                out["params_rebound"] = rebound
+                out["params_rebound_first"] = self._rebound_first
         replica = self._per_class(tensor_fps)
         out["buffer_fp"] = self._buffer_fp
         out["train_mode"] = self._train_mode()
@@ -987,6 +1013,33 @@ class Probe:
                 out["reduce_ratio"] = out["grad_norm"] / local
         self.last_tensor_fps = tensor_fps
         return out
+
+    def _rebound(self) -> int:
+        """The live bindings, at a check: how many of the module's trainable parameters are
+        not the objects the probe watches (and the optimizer and DDP's reducer hold: one
+        assigned after the wrap, `load_state_dict(..., assign=True)`), plus how many times a
+        watched parameter's storage was replaced since the first check (`p.data = ...`, as
+        `torch.nn.utils.prune.remove` and `module.half()` do: torch's version counters do not
+        count it). The update writes into the same storage on every rank: a count that
+        differs across ranks means code outside it rebound some ranks' parameters. The first
+        such tensor seen is kept, by name. A loop over the parameters, at checks only."""
+        params = self._params
+        try:  # an empty tensor's address means nothing: 0
+            storages = [p.data_ptr() if p.numel() else 0 for p in params]
+        except Exception:  # a tensor without storage of its own (a subclass): not observed
+            return 0
+        before, self._storages = self._storages, storages
+        if before is not None and before != storages:
+            changed = [i for i, (a, b) in enumerate(zip(before, storages, strict=True)) if a != b]
+            self._swaps += len(changed)
+            self._rebound_first = self._rebound_first or self._named_params[changed[0]][0]
+        ids = self._bound_ids
+        if not _unwatched(self._modules, self._module_ids, ids):
+            return self._swaps
+        foreign = [n for n, p in self.module.named_parameters() if id(p) not in ids and p.requires_grad]
+        if foreign:
+            self._rebound_first = self._rebound_first or foreign[0]
+        return self._swaps + len(foreign)
 
     def _hparams_fp(self) -> int:
         """groups_fingerprint of the optimizer's current hyperparameters, computed again

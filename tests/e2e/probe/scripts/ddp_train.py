@@ -7,8 +7,10 @@ and the silent bugs --odd-weight-decay-rank R, --nan-at RANK:STEP, --accumulate 
 --clip RANK:NORM (that rank alone clips the averaged gradients) and --unsynced-every N
 (every N-th update reads unaveraged gradients on every rank); --scale-all-at and
 --scale-data-at RANK:STEP write the weights of one rank outside the update (counted by
-torch's version counters, and through `p.data`, not counted); --split-batch RANK (healthy: that
-rank reads half-size batches, two per update).
+torch's version counters, and through `p.data`, not counted); --rebind-at RANK:STEP
+gives that rank's fc.weight new storage after update STEP, with half its values zeroed
+(a pruned export made from the training model: what `torch.nn.utils.prune.remove` does);
+--split-batch RANK (healthy: that rank reads half-size batches, two per update).
 
 With SYNCDOCTOR_TEST_PAUSE="where:rank:step" (kill tests only) one rank stops at a
 chosen point (mid-record, just before the check, inside the comm hook), writes
@@ -56,6 +58,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     # The same through `p.data` (EMA weights copied in for a rank-0 evaluation and never
     # restored): writes torch's version counters do not count.
     p.add_argument("--scale-data-at", default=None)
+    # fc.weight of RANK pruned in place after the optimizer step STEP ("0:12"), as an
+    # export that prunes the training model instead of a copy: `p.data = new tensor`.
+    p.add_argument("--rebind-at", default=None)
     # A resume that loads the optimizer's state on RANK only (the momentum of a saved
     # run, under an `if rank == 0:`): every rank starts from the same weights.
     p.add_argument("--resume-momentum-rank", type=int, default=None)
@@ -161,6 +166,7 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
     part_rank, part_step = args.part_at.split(":") if args.part_at else (None, "0")
     scale_rank, scale_step = args.scale_all_at.split(":") if args.scale_all_at else (None, "0")
     data_rank, data_step = args.scale_data_at.split(":") if args.scale_data_at else (None, "0")
+    rebind_rank, rebind_step = args.rebind_at.split(":") if args.rebind_at else (None, "0")
     accumulate_rank, accumulate = args.accumulate.split(":") if ":" in args.accumulate else (str(rank), args.accumulate)
     micro_steps = 2 if split else int(accumulate) if accumulate_rank == str(rank) else 1
     clip_rank, clip_norm = args.clip.split(":") if args.clip else (None, "0")
@@ -195,6 +201,10 @@ def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
             if data_rank == str(rank) and state["step"] == int(data_step):
                 for p in model.module.parameters():
                     p.data.mul_(0.999)
+            if rebind_rank == str(rank) and state["step"] == int(rebind_step):
+                weight = model.module.fc.weight
+                keep = weight.detach().abs() >= weight.detach().abs().median()
+                weight.data = torch.where(keep, weight.detach(), torch.zeros_like(weight))  # new storage
             print(f"rank {rank} step {state['step']} loss {loss.item():.4f}", flush=True)
             if state["step"] >= args.steps:
                 break
