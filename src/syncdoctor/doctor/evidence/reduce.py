@@ -12,7 +12,7 @@ from functools import cached_property
 import polars as pl
 
 from syncdoctor.doctor.evidence.replicas import Replicas
-from syncdoctor.doctor.evidence.sources import Facet, Sources, float_of, int_of
+from syncdoctor.doctor.evidence.sources import Facet, Sources, first_check_apart, float_of, int_of
 
 
 @dataclass(frozen=True)
@@ -147,18 +147,10 @@ class Reduce(Facet):
         rows = steps.filter(pl.col("grads_missing").is_not_null()).with_columns(
             pl.struct(pl.col("grads_missing"), fp.fill_null(0)).alias("which")
         )
-        per_check = (
-            rows.group_by("step")
-            .agg(pl.col("which").n_unique().alias("k"), pl.len().alias("n"))
-            .filter(pl.col("n") == len(self.ev.ranks))
-            .sort("step")
-        )
-        apart = per_check.filter(pl.col("k") > 1)
-        if not apart.height:
+        apart = first_check_apart(rows, "which", len(self.ev.ranks))
+        if apart is None:
             return None
-        step = int_of(apart["step"][0])
-        agreed = per_check.filter((pl.col("step") < step) & (pl.col("k") == 1))
-        since = int_of(agreed["step"][-1]) if agreed.height else None
+        step, since = apart
         at = rows.filter(pl.col("step") == step)
         before = rows.filter(pl.col("step") == since) if since is not None else None
         base = (

@@ -13,7 +13,7 @@ import polars as pl
 from syncdoctor.doctor.evidence.agreement import Agreement
 from syncdoctor.doctor.evidence.fingerprints import Fingerprints
 from syncdoctor.doctor.evidence.placement import Placement
-from syncdoctor.doctor.evidence.sources import Facet, Sources, int_of
+from syncdoctor.doctor.evidence.sources import Facet, Sources, first_check_apart, int_of
 from syncdoctor.records.compare import agreement as value_agreement
 from syncdoctor.records.compare import majority_outliers
 
@@ -239,18 +239,10 @@ class Replicas(Facet):
         rows = steps.filter(pl.col("param_writes").is_not_null()).with_columns(
             pl.col("params_rebound").fill_null(0).alias("rebound")
         )
-        per_check = (
-            rows.group_by("step")
-            .agg(pl.col("rebound").n_unique().alias("k"), pl.len().alias("n"))
-            .filter(pl.col("n") == len(self.ev.ranks))
-            .sort("step")
-        )
-        apart = per_check.filter(pl.col("k") > 1)
-        if not apart.height:
+        apart = first_check_apart(rows, "rebound", len(self.ev.ranks))
+        if apart is None:
             return None
-        step = int_of(apart["step"][0])
-        agreed = per_check.filter((pl.col("step") < step) & (pl.col("k") == 1))
-        since = int_of(agreed["step"][-1]) if agreed.height else None
+        step, since = apart
         at = rows.filter(pl.col("step") == step)
         counts = {int(r): int(c) for r, c in zip(at["rank"], at["rebound"], strict=True)}
         split = value_agreement(counts)

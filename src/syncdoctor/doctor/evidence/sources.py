@@ -26,6 +26,24 @@ def float_of(value: object) -> float:
     return float(cast(float, value))
 
 
+def first_check_apart(rows: pl.DataFrame, column: str, n_ranks: int) -> tuple[int, int | None] | None:
+    """Of the steps at which all `n_ranks` ranks recorded `column` (one row each in
+    `rows`): the first whose values differ across ranks, and the last one before it
+    at which they all agreed (None: none did). None where they never differ."""
+    per_check = (
+        rows.group_by("step")
+        .agg(pl.col(column).n_unique().alias("k"), pl.len().alias("n"))
+        .filter(pl.col("n") == n_ranks)
+        .sort("step")
+    )
+    apart = per_check.filter(pl.col("k") > 1)
+    if not apart.height:
+        return None
+    step = int_of(apart["step"][0])
+    agreed = per_check.filter((pl.col("step") < step) & (pl.col("k") == 1))
+    return step, (int_of(agreed["step"][-1]) if agreed.height else None)
+
+
 class Sources:
     """The records and the logs, and the basic views of them."""
 
