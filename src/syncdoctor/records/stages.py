@@ -96,7 +96,9 @@ STAGES: tuple[Stage, ...] = (
         "collectives and sync schedule",
         "the ranks issue the same collectives at the same micro-steps (no_sync, accumulation "
         "counters), every update follows a synchronised backward, and the ranks run the same "
-        "number of micro-steps and updates",
+        "number of micro-steps and updates (or split an update into micro-steps differently "
+        "while reading as many samples and making the same synchronised calls, the last one "
+        "synchronised)",
         (
             "step.syncs",
             "step.unsynced_updates",
