@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import polars as pl
 
@@ -158,10 +157,9 @@ def choose_steps(found: Triage, rows: int) -> tuple[list[int], int]:
     return sorted(chosen), stride
 
 
-def read_bounded(path: Path, total: int, rows: int) -> tuple[pl.DataFrame, str]:
+def read_bounded(lf: pl.LazyFrame, total: int, rows: int) -> tuple[pl.DataFrame, str]:
     """The model's step frame (sorted by rank, then step) and the warning that says
-    what it holds."""
-    lf = pl.scan_parquet(path)
+    what it holds. ``lf``: the cached step series (records/cache.py), rank by rank."""
     found = triage(lf)
     chosen, stride = choose_steps(found, rows)
     # every rank's first and last record too, wherever they are: its step count and end
