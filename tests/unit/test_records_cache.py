@@ -349,3 +349,16 @@ def test_a_rank_file_with_its_steps_out_of_order_is_converted_sorted(tmp_path: P
     cold = read_run(run)
     assert same(none, cold) and same(none, read_run(run))
     assert len(list(_parts(run).iterdir())) == 2  # one part per rank: converted rank by rank
+
+
+def test_nested_columns_are_read_where_some_step_record_has_the_key(tmp_path: Path) -> None:
+    """A list or struct column is in the frame where some rank's step record has its key
+    (even null), absent where none has: the same cold, warm and without the cache."""
+    run = write_run(tmp_path / "run")  # rank 1 writes tensor_fps; step 7 nonfinite
+    path = run / "records" / "rank0.jsonl"
+    text = path.read_text().replace('"step":4,"micro":1', '"step":4,"acts":null,"micro":1')  # a key, null
+    path.write_text(text.replace('"step":3,"micro":1', '"ids":[3],"micro":1'))  # in a record without a step
+    os.utime(path, ns=(HOUR_AGO_NS, HOUR_AGO_NS))
+    for got in (read_run(run, use_cache=False), read_run(run), read_run(run)):
+        nested = {c for c in got.steps.columns if c in reader._NESTED}
+        assert nested == {"tensor_fps", "nonfinite", "ids", "acts"}

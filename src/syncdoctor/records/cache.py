@@ -9,7 +9,7 @@ second. So the reader keeps what it read, once, beside the run:
 
 the step series as Parquet (zstd), one file per rank file with step records, all with
 the same columns, in rank order, read as one by a multi-file scan (no merged copy: a
-merge of 1,024 parts into one file peaked at 12 GiB), and everything else the reader
+merge of 1,024 parts into one file peaked at 12.2 GiB), and everything else the reader
 returned (the other records, its warnings, the ranks, the columns) in the index, which
 names the folder of parts. The folder is moved into place, then the index replaced
 atomically, so a reader never sees half of one cache and half of another.
@@ -64,6 +64,9 @@ _READER_SOURCES = ("reader.py", "schema.py", "contract.py", "tail.py", "constant
 # Rows per Parquet row group: small enough that a query reading a few steps of a few
 # ranks decodes little more than it needs, big enough to compress well.
 ROW_GROUP = 1 << 17
+# Step records a big run's bounded read (records/window.py) holds at once: a batch of
+# whole parts (ranks) of about this many records, its columns decoded.
+BATCH_ROWS = 2_000_000
 
 
 def enabled() -> bool:
@@ -115,18 +118,18 @@ def load(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
         meta = json.loads(cache_path(run_dir).read_bytes())
         if not isinstance(meta, dict) or meta.get("key") != key:
             return None
-        steps_lf = scan(run_dir, meta)
         warnings = meta["warnings"]
         limit = window.budget()
         if limit and meta["rows"] > limit:
+            batches = scan_batches(run_dir, meta, BATCH_ROWS)
             # every part's row count, from the footers: a part that lost rows is not trusted
-            if steps_lf.select(pl.len()).collect().item() != meta["rows"]:
+            if sum(lf.select(pl.len()).collect().item() for lf in batches) != meta["rows"]:
                 return None
             # a big run: the steps that matter and a sample of the rest (records/window.py)
-            steps, note = window.read_bounded(steps_lf, meta["rows"], limit)
+            steps, note = window.read_bounded(batches, meta["rows"], limit)
             warnings = [*warnings, note]
         else:
-            steps = steps_lf.collect()
+            steps = scan(run_dir, meta).collect()
             if steps.height != meta["rows"]:
                 return None
         if str(steps.schema) != meta["schema"]:
@@ -150,10 +153,29 @@ def load(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
 def scan(run_dir: Path, meta: dict[str, Any]) -> pl.LazyFrame:
     """The cached step series, lazily: one scan over the parts, in order (rank by rank),
     the reader's columns only (every part holds all of STEP_SCHEMA's)."""
+    return _scan(run_dir, meta, meta["files"])
+
+
+def scan_batches(run_dir: Path, meta: dict[str, Any], rows: int) -> list[pl.LazyFrame]:
+    """The cached step series as scans of consecutive parts of about ``rows`` step
+    records each (one part at least): queries that go through them one at a time hold
+    one batch, not the run."""
+    batches: list[list[str]] = [[]]
+    held = 0
+    for name, count in zip(meta["files"], meta["counts"], strict=True):
+        if batches[-1] and held + count > rows:
+            batches.append([])
+            held = 0
+        batches[-1].append(name)
+        held += count
+    return [_scan(run_dir, meta, names) for names in batches]
+
+
+def _scan(run_dir: Path, meta: dict[str, Any], names: list[str]) -> pl.LazyFrame:
     folder = run_dir / CACHE_SUBDIR / meta["parts"]
-    if not meta["parts"].startswith(PARTS_PREFIX) or "/" in meta["parts"] or not meta["files"]:
+    if not meta["parts"].startswith(PARTS_PREFIX) or "/" in meta["parts"] or not names:
         raise ValueError("not a parts folder of this cache")
-    return pl.scan_parquet([folder / name for name in meta["files"]]).select(meta["columns"])
+    return pl.scan_parquet([folder / name for name in names]).select(meta["columns"])
 
 
 def racy(key: dict[str, Any]) -> bool:
@@ -193,10 +215,16 @@ def drop(run_dir: Path) -> None:
 
 
 def publish(
-    run_dir: Path, key: dict[str, Any], parts_dir: Path, files: list[str], rows: int, schema: pl.Schema, records: Any
+    run_dir: Path,
+    key: dict[str, Any],
+    parts_dir: Path,
+    files: list[tuple[str, int]],
+    schema: pl.Schema,
+    records: Any,
 ) -> bool:
     """Keep the parts in ``parts_dir`` (the step series, rank by rank) as the cache, with
-    the rest of the reader's result (a RunRecords, whose steps are unset); False where
+    the rest of the reader's result (a RunRecords, whose steps are unset); ``files``:
+    each part's name and rows. False where
     it could not be kept. The parts' folder is moved into place first, then the index
     that names it replaces the old one atomically: a reader sees the old cache or the
     new one, never half of each."""
@@ -204,8 +232,8 @@ def publish(
     name = f"{PARTS_PREFIX}{uuid.uuid4().hex}"
     tmp = folder / f".{CACHE_FILE}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
     try:
-        meta = _meta(key, rows, schema, records)
-        meta.update(parts=name, files=files)
+        meta = _meta(key, sum(n for _, n in files), schema, records)
+        meta.update(parts=name, files=[f for f, _ in files], counts=[n for _, n in files])
         text = json.dumps(meta, separators=(",", ":"))
         os.rename(parts_dir, folder / name)
         tmp.write_text(text)
@@ -276,4 +304,4 @@ def save(run_dir: Path, key: dict[str, Any], records: Any) -> None:
             write_part(records.steps, parts_dir / "0.parquet")
         except Exception:
             return
-        publish(run_dir, key, parts_dir, ["0.parquet"], records.steps.height, records.steps.schema, records)
+        publish(run_dir, key, parts_dir, [("0.parquet", records.steps.height)], records.steps.schema, records)
