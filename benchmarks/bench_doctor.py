@@ -201,8 +201,9 @@ _MEASURE = (
     "from syncdoctor.doctor.diagnose import diagnose; d=diagnose([sys.argv[1]]);"
     "from syncdoctor.doctor.report import render_json; render_json(d);"
     "f=d.findings[0] if d.findings else None;"
-    "print(json.dumps({'s': time.perf_counter()-t,"
-    "'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/2**20,"
+    "u=resource.getrusage(resource.RUSAGE_SELF);"
+    "print(json.dumps({'s': time.perf_counter()-t, 'cpu': u.ru_utime+u.ru_stime,"
+    "'rss': u.ru_maxrss/2**20,"
     "'top': [f.code, f.ranks, f.step, f.tensor] if f else None, 'verdict': d.verdict}))"
 )
 
@@ -307,7 +308,8 @@ def main() -> None:
             verdict = "right" if right else ("healthy" if "twin" in label and top is None else "WRONG")
             seconds, rss = float(r["s"]), float(r["rss"])  # type: ignore[arg-type]
             print(
-                f"  {label:>17}: {seconds:7.1f} s, peak RSS {rss:5.2f} GiB, {seconds / rank_steps * 1e6:6.2f} µs/rank-step; "
+                f"  {label:>17}: {seconds:7.1f} s ({float(r['cpu']):.0f} CPU-s), peak RSS {rss:5.2f} GiB, "  # type: ignore[arg-type]
+                f"{seconds / rank_steps * 1e6:6.2f} µs/rank-step; "
                 f"top {top} ({verdict}; {r['verdict']}) [{before}]",
                 flush=True,
             )
