@@ -291,6 +291,9 @@ def test_a_rebuilt_cache_replaces_the_old_parts_and_scratch_of_a_killed_build(tm
     dead = folder / ".parts.999999999.abc"  # no such process
     dead.mkdir()
     (dead / "0.parquet").write_bytes(b"half")
+    os.utime(dead, ns=(HOUR_AGO_NS, HOUR_AGO_NS))
+    recent = folder / ".parts.999999999.def"  # gone too, but written to a moment ago: left
+    recent.mkdir()
     (folder / "records.parquet").write_bytes(b"format 1")
     path = run / "records" / "rank0.jsonl"
     with path.open("a") as fh:
@@ -298,8 +301,8 @@ def test_a_rebuilt_cache_replaces_the_old_parts_and_scratch_of_a_killed_build(tm
     os.utime(path, ns=(HOUR_AGO_NS, HOUR_AGO_NS))
     grown = read_run(run)
     assert grown.steps.filter(pl.col("rank") == 0)["step"].max() == 21
-    assert _parts(run) != old and not old.exists() and not dead.exists()
-    assert sorted(p.name for p in folder.iterdir()) == sorted([cache.CACHE_FILE, _parts(run).name])
+    assert _parts(run) != old and not old.exists() and not dead.exists() and recent.exists()
+    assert sorted(p.name for p in folder.iterdir()) == sorted([cache.CACHE_FILE, _parts(run).name, recent.name])
 
 
 def test_a_damaged_or_missing_part_is_not_trusted(tmp_path: Path) -> None:

@@ -252,7 +252,8 @@ def publish(
 def _tidy(folder: Path) -> None:
     """Remove what no reader needs: parts folders the index does not name (an older
     cache, one a concurrent doctor replaced), the scratch folders of conversions that
-    were killed (their process is gone), a format-1 cache file."""
+    were killed (their process is gone, the folder unchanged for _ABANDONED_S), a
+    format-1 cache file."""
     try:
         current = json.loads((folder / CACHE_FILE).read_bytes()).get("parts")
         entries = list(folder.iterdir())
@@ -260,10 +261,24 @@ def _tidy(folder: Path) -> None:
         return
     for entry in entries:
         older = entry.name.startswith(PARTS_PREFIX) and entry.name != current and entry.is_dir()
-        if older or (entry.name.startswith(".parts.") and not _alive(entry.name.split(".")[2])):
+        if older or (entry.name.startswith(".parts.") and _abandoned(entry)):
             shutil.rmtree(entry, ignore_errors=True)
         elif entry.name == _LEGACY_FILE:
             entry.unlink(missing_ok=True)
+
+
+# A scratch folder unchanged this long, of a process that is gone, is a killed conversion's
+# (a live one adds a part every second or so; a process of the same number elsewhere, in
+# another container sharing the folder, is not judged by this one's process table alone).
+_ABANDONED_S = 600
+
+
+def _abandoned(entry: Path) -> bool:
+    try:
+        old = entry.stat().st_mtime < time.time() - _ABANDONED_S
+    except OSError:
+        return False
+    return old and not _alive(entry.name.split(".")[2])
 
 
 def _alive(pid: str) -> bool:
