@@ -192,3 +192,15 @@ def test_batches_are_whole_parts_of_about_the_rows_asked(tmp_path: Path) -> None
     assert len(cache.scan_batches(tmp_path, meta, 10)) == 2  # 5 + 5, then the big part alone
     assert len(cache.scan_batches(tmp_path, meta, 1)) == 3
     assert len(cache.scan_batches(tmp_path, meta, 100)) == 1
+
+
+def test_the_frame_read_from_many_parts_is_one_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part per rank read as one frame would be a chunk per part (and the rules'
+    many queries over it slower, its memory larger): bounded or whole, it is one."""
+    run = write_run(tmp_path / "run")
+    monkeypatch.setattr(cache, "BATCH_ROWS", STEPS + 1)
+    read_run(run)  # cold: the cache's parts written
+    monkeypatch.setenv(window.FULL_DETAIL_ENV, "2000")
+    assert read_run(run).steps.n_chunks() == 1
+    monkeypatch.setenv(window.FULL_DETAIL_ENV, "0")
+    assert read_run(run).steps.n_chunks() == 1

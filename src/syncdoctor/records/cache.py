@@ -129,7 +129,7 @@ def load(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
             steps, note = window.read_bounded(batches, meta["rows"], limit)
             warnings = [*warnings, note]
         else:
-            steps = scan(run_dir, meta).collect()
+            steps = scan(run_dir, meta).collect().rechunk()  # one chunk, not one a part
             if steps.height != meta["rows"]:
                 return None
         if str(steps.schema) != meta["schema"]:

@@ -204,7 +204,7 @@ def read_bounded(batches: list[pl.LazyFrame], total: int, rows: int) -> tuple[pl
             .collect()
             for lf in batches
         ]
-    )
+    ).rechunk()  # one chunk, not one a part: the rules' queries run over it many times
     # The cache is sorted by rank, then step, and the filter keeps its order: sorting
     # again (a second of a big frame) only where that did not hold.
     if not (
