@@ -201,8 +201,9 @@ _MEASURE = (
     "from syncdoctor.doctor.diagnose import diagnose; d=diagnose([sys.argv[1]]);"
     "from syncdoctor.doctor.report import render_json; render_json(d);"
     "f=d.findings[0] if d.findings else None;"
-    "print(json.dumps({'s': time.perf_counter()-t,"
-    "'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/2**20,"
+    "u=resource.getrusage(resource.RUSAGE_SELF);"
+    "print(json.dumps({'s': time.perf_counter()-t, 'cpu': u.ru_utime+u.ru_stime,"
+    "'rss': u.ru_maxrss/2**20,"
     "'top': [f.code, f.ranks, f.step, f.tensor] if f else None, 'verdict': d.verdict}))"
 )
 
@@ -226,8 +227,19 @@ def measure(run_dir: Path, cache: bool = True, whole: bool = False, timeout: flo
     return data
 
 
-def cache_file(run_dir: Path) -> Path:
-    return run_dir / ".syncdoctor" / "cache" / "records.parquet"
+def cache_dir(run_dir: Path) -> Path:
+    return run_dir / ".syncdoctor" / "cache"
+
+
+def cache_bytes(run_dir: Path) -> int:
+    """The columnar cache on disk: its index and its folder of Parquet parts."""
+    return sum(p.stat().st_size for p in cache_dir(run_dir).rglob("*") if p.is_file())
+
+
+def drop_cache(run_dir: Path) -> None:
+    import shutil
+
+    shutil.rmtree(cache_dir(run_dir), ignore_errors=True)
 
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -280,13 +292,13 @@ def main() -> None:
             f"{list(bad)} skip an update at step {onset}, the live check at {check} names {FAULT_TENSOR}",
             flush=True,
         )
-        cache_file(run_dir).unlink(missing_ok=True)
+        drop_cache(run_dir)
         runs: list[tuple[str, Path, dict[str, bool]]] = [("cold (converts)", run_dir, {}), ("warm", run_dir, {})]
         if name in wholes:
             runs.append(("warm, read whole", run_dir, {"whole": True}))
         if name in twins:
             twin = ensure(args.data, ranks, steps, twin=True, jobs=args.jobs)
-            cache_file(twin).unlink(missing_ok=True)
+            drop_cache(twin)
             runs += [("twin cold", twin, {}), ("twin warm", twin, {})]
         for label, folder, kw in runs:
             before = load()
@@ -296,7 +308,8 @@ def main() -> None:
             verdict = "right" if right else ("healthy" if "twin" in label and top is None else "WRONG")
             seconds, rss = float(r["s"]), float(r["rss"])  # type: ignore[arg-type]
             print(
-                f"  {label:>17}: {seconds:7.1f} s, peak RSS {rss:5.2f} GiB, {seconds / rank_steps * 1e6:6.2f} µs/rank-step; "
+                f"  {label:>17}: {seconds:7.1f} s ({float(r['cpu']):.0f} CPU-s), peak RSS {rss:5.2f} GiB, "  # type: ignore[arg-type]
+                f"{seconds / rank_steps * 1e6:6.2f} µs/rank-step; "
                 f"top {top} ({verdict}; {r['verdict']}) [{before}]",
                 flush=True,
             )
@@ -304,7 +317,7 @@ def main() -> None:
                 cold = label.startswith("cold")
                 (cold_pts if cold else warm_pts).append((rank_steps, seconds))
                 (cold_rss if cold else warm_rss).append((rank_steps, rss))
-        size = cache_file(run_dir).stat().st_size if cache_file(run_dir).exists() else 0
+        size = cache_bytes(run_dir)
         print(f"  columnar cache {size / 2**20:,.0f} MiB ({size / rank_steps:.1f} B/rank-step)", flush=True)
     if len(sizes) > 1 and args.extrapolate:
         ranks, steps = (int(v) for v in args.extrapolate.split("x"))

@@ -246,7 +246,14 @@ def test_the_cache_is_built_one_rank_file_at_a_time(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(reader, "_parse_steps", whole_run)
     cold = read_run(run)
     assert cache.cache_path(run).is_file() and same(none, cold)
-    assert [p.name for p in cache.cache_path(run).parent.iterdir()] == [cache.CACHE_FILE]
+    # the index and the one folder of parts it names: no scratch left, no merged copy
+    parts = json.loads(cache.cache_path(run).read_text())["parts"]
+    assert sorted(p.name for p in cache.cache_path(run).parent.iterdir()) == sorted([cache.CACHE_FILE, parts])
+    assert sorted(p.name for p in (cache.cache_path(run).parent / parts).iterdir()) == [
+        "0.parquet",
+        "1.parquet",
+        "2.parquet",
+    ]
     assert same(none, read_run(run))
 
 
@@ -267,3 +274,94 @@ def test_what_a_rank_alone_could_read_differently_is_read_as_before(tmp_path: Pa
     rewrite_keeping_stat(path, old, new)
     none, cold, warm = read_run(run, use_cache=False), read_run(run), read_run(run)
     assert same(none, cold) and same(none, warm)
+
+
+def _parts(run: Path) -> Path:
+    return cache.cache_path(run).parent / json.loads(cache.cache_path(run).read_text())["parts"]
+
+
+def test_a_rebuilt_cache_replaces_the_old_parts_and_scratch_of_a_killed_build(tmp_path: Path) -> None:
+    """The index names one folder of parts; a rebuild leaves only the new one, and the
+    scratch folder of a conversion whose process is gone (killed) is removed too; a
+    format-1 cache file is removed."""
+    run = write_run(tmp_path / "run")
+    read_run(run)
+    old = _parts(run)
+    folder = cache.cache_path(run).parent
+    dead = folder / ".parts.999999999.abc"  # no such process
+    dead.mkdir()
+    (dead / "0.parquet").write_bytes(b"half")
+    os.utime(dead, ns=(HOUR_AGO_NS, HOUR_AGO_NS))
+    recent = folder / ".parts.999999999.def"  # gone too, but written to a moment ago: left
+    recent.mkdir()
+    (folder / "records.parquet").write_bytes(b"format 1")
+    path = run / "records" / "rank0.jsonl"
+    with path.open("a") as fh:
+        fh.write(_line(_step(0, 21)))
+    os.utime(path, ns=(HOUR_AGO_NS, HOUR_AGO_NS))
+    grown = read_run(run)
+    assert grown.steps.filter(pl.col("rank") == 0)["step"].max() == 21
+    assert _parts(run) != old and not old.exists() and not dead.exists() and recent.exists()
+    assert sorted(p.name for p in folder.iterdir()) == sorted([cache.CACHE_FILE, _parts(run).name, recent.name])
+
+
+def test_a_damaged_or_missing_part_is_not_trusted(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", ranks=3)
+    good = read_run(run)
+    part = _parts(run) / "1.parquet"
+    whole = part.read_bytes()
+    part.write_bytes(whole[: len(whole) // 2])
+    assert same(read_run(run), good)  # read from the JSON lines, the cache rebuilt
+    (_parts(run) / "2.parquet").unlink()
+    assert same(read_run(run), good)
+    # a part that lost rows but is still a Parquet file of the right columns
+    pl.read_parquet(_parts(run) / "0.parquet").head(3).write_parquet(_parts(run) / "0.parquet")
+    assert same(read_run(run), good)
+
+
+def test_ranks_converted_side_by_side_keep_the_order_of_a_whole_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank files are converted by several threads: the other records, the warnings
+    and the rows still come in rank order, as the whole run read in memory has them."""
+    run = write_run(tmp_path / "run", ranks=9, torn=True)
+    for rank in (2, 5, 8):  # more warnings, from ranks far apart
+        path = run / "records" / f"rank{rank}.jsonl"
+        with path.open("a") as fh:
+            fh.write(f"not json {rank}\n")
+        os.utime(path, ns=(HOUR_AGO_NS, HOUR_AGO_NS))
+    monkeypatch.setattr(reader, "CONVERT_THREADS", 4)
+    none, cold, warm = read_run(run, use_cache=False), read_run(run), read_run(run)
+    assert len([w for w in none.warnings if "unreadable lines" in w]) == 3
+    assert same(none, cold) and same(none, warm)
+    assert len(list(_parts(run).iterdir())) == 9
+
+
+def test_a_rank_file_with_its_steps_out_of_order_is_converted_sorted(tmp_path: Path) -> None:
+    """A rank's steps out of order (but each once) are sorted as the whole run's are,
+    and still converted rank by rank (not the fallback that reads the run whole)."""
+    run = write_run(tmp_path / "run")
+    path = run / "records" / "rank1.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    steps = [n for n, line in enumerate(lines) if '"kind":"step"' in line]
+    a, b = steps[3], steps[10]
+    lines[a], lines[b] = lines[b], lines[a]
+    path.write_text("".join(lines))
+    os.utime(path, ns=(HOUR_AGO_NS, HOUR_AGO_NS))
+    none = read_run(run, use_cache=False)
+    cold = read_run(run)
+    assert same(none, cold) and same(none, read_run(run))
+    assert len(list(_parts(run).iterdir())) == 2  # one part per rank: converted rank by rank
+
+
+def test_nested_columns_are_read_where_some_step_record_has_the_key(tmp_path: Path) -> None:
+    """A list or struct column is in the frame where some rank's step record has its key
+    (even null), absent where none has: the same cold, warm and without the cache."""
+    run = write_run(tmp_path / "run")  # rank 1 writes tensor_fps; step 7 nonfinite
+    path = run / "records" / "rank0.jsonl"
+    text = path.read_text().replace('"step":4,"micro":1', '"step":4,"acts":null,"micro":1')  # a key, null
+    path.write_text(text.replace('"step":3,"micro":1', '"ids":[3],"micro":1'))  # in a record without a step
+    os.utime(path, ns=(HOUR_AGO_NS, HOUR_AGO_NS))
+    for got in (read_run(run, use_cache=False), read_run(run), read_run(run)):
+        nested = {c for c in got.steps.columns if c in reader._NESTED}
+        assert nested == {"tensor_fps", "nonfinite", "ids", "acts"}

@@ -163,3 +163,44 @@ def test_a_big_run_killed_mid_write_still_diagnoses(tmp_path: Path, monkeypatch:
     assert any("rank1.jsonl: last record truncated" in w for w in read.warnings)
     assert read.steps.filter(pl.col("rank") == 1)["step"].max() == STEPS
     assert top(run) == ("SD402", [BAD], ONSET, "b.weight")
+
+
+def test_a_big_run_read_batch_by_batch_reads_as_in_one_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bounded read goes through the cache's parts a batch at a time (memory for a
+    batch, not the run) and folds the batches' aggregates: a batch per rank reads the
+    same frame, the same steps that matter, the same finding as one batch of all."""
+    run = write_run(tmp_path / "run")
+    monkeypatch.setenv(window.FULL_DETAIL_ENV, "2000")
+    one = read_run(run)
+    seen: list[int] = []
+    triage = window.triage
+
+    def spy(batches: list[pl.LazyFrame]) -> window.Triage:
+        seen.append(len(batches))
+        return triage(batches)
+
+    monkeypatch.setattr(window, "triage", spy)
+    monkeypatch.setattr(cache, "BATCH_ROWS", STEPS + 1)  # a rank's part per batch
+    by_rank = read_run(run)
+    assert seen == [RANKS]
+    assert by_rank.steps.equals(one.steps) and by_rank.warnings == one.warnings
+    assert top(run) == ("SD402", [BAD], ONSET, "b.weight")
+
+
+def test_batches_are_whole_parts_of_about_the_rows_asked(tmp_path: Path) -> None:
+    meta = {"parts": "records.x", "files": ["0.parquet", "1.parquet", "2.parquet"], "counts": [5, 5, 20], "columns": []}
+    assert len(cache.scan_batches(tmp_path, meta, 10)) == 2  # 5 + 5, then the big part alone
+    assert len(cache.scan_batches(tmp_path, meta, 1)) == 3
+    assert len(cache.scan_batches(tmp_path, meta, 100)) == 1
+
+
+def test_the_frame_read_from_many_parts_is_one_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part per rank read as one frame would be a chunk per part (and the rules'
+    many queries over it slower, its memory larger): bounded or whole, it is one."""
+    run = write_run(tmp_path / "run")
+    monkeypatch.setattr(cache, "BATCH_ROWS", STEPS + 1)
+    read_run(run)  # cold: the cache's parts written
+    monkeypatch.setenv(window.FULL_DETAIL_ENV, "2000")
+    assert read_run(run).steps.n_chunks() == 1
+    monkeypatch.setenv(window.FULL_DETAIL_ENV, "0")
+    assert read_run(run).steps.n_chunks() == 1

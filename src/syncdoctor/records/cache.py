@@ -2,13 +2,17 @@
 
 Parsing a big run's JSON lines is most of reading it (7.5 s of 2.56 M step records at
 256 ranks × 10,000 steps); the same frame read back from Parquet takes a tenth of a
-second. So the reader keeps what it read, once, in
+second. So the reader keeps what it read, once, beside the run:
 
-    RUN_DIR/.syncdoctor/cache/records.parquet
+    RUN_DIR/.syncdoctor/cache/records.json             the index
+    RUN_DIR/.syncdoctor/cache/records.<id>/<n>.parquet the step series, one part per rank
 
-the step series as Parquet (zstd), and everything else the reader returned (the other
-records, its warnings, the ranks) as JSON in the file's key-value metadata: one file,
-replaced atomically, so a reader never sees half of one and half of another.
+the step series as Parquet (zstd), one file per rank file with step records, all with
+the same columns, in rank order, read as one by a multi-file scan (no merged copy: a
+merge of 1,024 parts into one file peaked at 12.2 GiB), and everything else the reader
+returned (the other records, its warnings, the ranks, the columns) in the index, which
+names the folder of parts. The folder is moved into place, then the index replaced
+atomically, so a reader never sees half of one cache and half of another.
 
 The JSON lines stay the source of truth. The cache is used only when its key matches:
 the name, size, mtime and inode of every rank file, and a digest of the reader's own
@@ -38,14 +42,18 @@ from typing import Any
 import polars as pl
 
 from syncdoctor.records import window
+from syncdoctor.records.schema import STEP_SCHEMA
 
 CACHE_SUBDIR = Path(".syncdoctor") / "cache"
-CACHE_FILE = "records.parquet"
+# The cache's index: its key, what the reader returned besides the step series, and
+# the folder of Parquet parts that hold the step series (PARTS_PREFIX + a unique id).
+CACHE_FILE = "records.json"
+PARTS_PREFIX = "records."
+_LEGACY_FILE = "records.parquet"  # format 1: one Parquet file, removed when a new cache is kept
 # "0" turns the cache off (on by default: the diagnosis is byte for byte the same with it,
 # scripts/compare_diagnose.py --twice).
 CACHE_ENV = "SYNCDOCTOR_RECORDS_CACHE"
-_META_KEY = "syncdoctor.records"
-_FORMAT = 1  # of what this module writes; bump on any change to it
+_FORMAT = 2  # of what this module writes; bump on any change to it
 RANK_FILE = re.compile(r"rank(\d+)\.jsonl$")  # the reader's: every file it would read
 # A file changed twice within one tick of the file system's clock (a few ms on Linux,
 # 2 s on FAT) can keep its size and mtime: files written this recently are not cached
@@ -53,6 +61,12 @@ RANK_FILE = re.compile(r"rank(\d+)\.jsonl$")  # the reader's: every file it woul
 RACY_NS = 2_000_000_000
 # The modules whose code decides what the reader returns.
 _READER_SOURCES = ("reader.py", "schema.py", "contract.py", "tail.py", "constants.py", "cache.py")
+# Rows per Parquet row group: small enough that a query reading a few steps of a few
+# ranks decodes little more than it needs, big enough to compress well.
+ROW_GROUP = 1 << 17
+# Step records a big run's bounded read (records/window.py) holds at once: a batch of
+# whole parts (ranks) of about this many records, its columns decoded.
+BATCH_ROWS = 2_000_000
 
 
 def enabled() -> bool:
@@ -100,26 +114,26 @@ def source_key(rec_dir: Path) -> dict[str, Any] | None:
 
 def load(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     """The reader's kept result, as the fields of its RunRecords (but run_dir), or None."""
-    path = cache_path(run_dir)
     try:
-        raw = pl.read_parquet_metadata(path).get(_META_KEY)
-        if raw is None:
-            return None
-        meta = json.loads(raw)
+        meta = json.loads(cache_path(run_dir).read_bytes())
         if not isinstance(meta, dict) or meta.get("key") != key:
             return None
         warnings = meta["warnings"]
         limit = window.budget()
         if limit and meta["rows"] > limit:
-            # a big run: the steps that matter and a sample of the rest (records/window.py)
-            steps, note = window.read_bounded(path, meta["rows"], limit)
-            if str(steps.schema) != meta["schema"]:
+            batches = scan_batches(run_dir, meta, BATCH_ROWS)
+            # every part's row count, from the footers: a part that lost rows is not trusted
+            if sum(lf.select(pl.len()).collect().item() for lf in batches) != meta["rows"]:
                 return None
+            # a big run: the steps that matter and a sample of the rest (records/window.py)
+            steps, note = window.read_bounded(batches, meta["rows"], limit)
             warnings = [*warnings, note]
         else:
-            steps = pl.read_parquet(path)
-            if steps.height != meta["rows"] or str(steps.schema) != meta["schema"]:
+            steps = scan(run_dir, meta).collect().rechunk()  # one chunk, not one a part
+            if steps.height != meta["rows"]:
                 return None
+        if str(steps.schema) != meta["schema"]:
+            return None
         if steps.height:
             # as the reader leaves it (sorted by rank, then step); Parquet does not keep the flag
             steps = steps.with_columns(pl.col("rank").set_sorted())
@@ -136,6 +150,34 @@ def load(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
+def scan(run_dir: Path, meta: dict[str, Any]) -> pl.LazyFrame:
+    """The cached step series, lazily: one scan over the parts, in order (rank by rank),
+    the reader's columns only (every part holds all of STEP_SCHEMA's)."""
+    return _scan(run_dir, meta, meta["files"])
+
+
+def scan_batches(run_dir: Path, meta: dict[str, Any], rows: int) -> list[pl.LazyFrame]:
+    """The cached step series as scans of consecutive parts of about ``rows`` step
+    records each (one part at least): queries that go through them one at a time hold
+    one batch, not the run."""
+    batches: list[list[str]] = [[]]
+    held = 0
+    for name, count in zip(meta["files"], meta["counts"], strict=True):
+        if batches[-1] and held + count > rows:
+            batches.append([])
+            held = 0
+        batches[-1].append(name)
+        held += count
+    return [_scan(run_dir, meta, names) for names in batches]
+
+
+def _scan(run_dir: Path, meta: dict[str, Any], names: list[str]) -> pl.LazyFrame:
+    folder = run_dir / CACHE_SUBDIR / meta["parts"]
+    if not meta["parts"].startswith(PARTS_PREFIX) or "/" in meta["parts"] or not names:
+        raise ValueError("not a parts folder of this cache")
+    return pl.scan_parquet([folder / name for name in names]).select(meta["columns"])
+
+
 def racy(key: dict[str, Any]) -> bool:
     """Some rank file was written too recently to be cached (RACY_NS)."""
     return any(mtime >= time.time_ns() - RACY_NS for _, _, mtime, _ in key["files"])
@@ -143,8 +185,9 @@ def racy(key: dict[str, Any]) -> bool:
 
 @contextmanager
 def parts_folder(run_dir: Path) -> Iterator[Path | None]:
-    """A scratch folder in the cache folder for the parts of a cache being built, removed
-    afterwards; None where the run folder cannot be written to."""
+    """A scratch folder in the cache folder for the parts of a cache being built (kept
+    by ``publish``, else removed afterwards); None where the run folder cannot be
+    written to."""
     folder = run_dir / CACHE_SUBDIR / f".parts.{os.getpid()}.{uuid.uuid4().hex}"
     try:
         folder.mkdir(parents=True)
@@ -157,6 +200,13 @@ def parts_folder(run_dir: Path) -> Iterator[Path | None]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def write_part(frame: pl.DataFrame, path: Path) -> None:
+    """One part of the step series: ``frame`` with every column of STEP_SCHEMA (the
+    absent ones null, which costs nothing), in its order, so that all parts read as one."""
+    missing = [pl.lit(None, dtype).alias(name) for name, dtype in STEP_SCHEMA.items() if name not in frame.columns]
+    frame.with_columns(missing).select(list(STEP_SCHEMA)).write_parquet(path, row_group_size=ROW_GROUP)
+
+
 def drop(run_dir: Path) -> None:
     try:
         cache_path(run_dir).unlink(missing_ok=True)
@@ -164,31 +214,81 @@ def drop(run_dir: Path) -> None:
         pass
 
 
-def save_lazy(
-    run_dir: Path, key: dict[str, Any], steps: pl.LazyFrame, rows: int, schema: pl.Schema, records: Any
+def publish(
+    run_dir: Path,
+    key: dict[str, Any],
+    parts_dir: Path,
+    files: list[tuple[str, int]],
+    schema: pl.Schema,
+    records: Any,
 ) -> bool:
-    """Keep a step frame that is not in memory (the reader's parts, streamed into one
-    file) with the rest of the reader's result (a RunRecords, whose steps are unset);
-    False where it could not be written."""
+    """Keep the parts in ``parts_dir`` (the step series, rank by rank) as the cache, with
+    the rest of the reader's result (a RunRecords, whose steps are unset); ``files``:
+    each part's name and rows. False where
+    it could not be kept. The parts' folder is moved into place first, then the index
+    that names it replaces the old one atomically: a reader sees the old cache or the
+    new one, never half of each."""
     folder = run_dir / CACHE_SUBDIR
+    name = f"{PARTS_PREFIX}{uuid.uuid4().hex}"
     tmp = folder / f".{CACHE_FILE}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
     try:
-        text = json.dumps(_meta(key, rows, schema, records), separators=(",", ":"))
-        folder.mkdir(parents=True, exist_ok=True)
-        steps.sink_parquet(tmp, metadata={_META_KEY: text}, row_group_size=ROW_GROUP)
+        meta = _meta(key, sum(n for _, n in files), schema, records)
+        meta.update(parts=name, files=[f for f, _ in files], counts=[n for _, n in files])
+        text = json.dumps(meta, separators=(",", ":"))
+        os.rename(parts_dir, folder / name)
+        tmp.write_text(text)
         os.replace(tmp, folder / CACHE_FILE)
-        return True
     except Exception:
         try:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
+        shutil.rmtree(folder / name, ignore_errors=True)
         return False
+    _tidy(folder)
+    return True
 
 
-# Rows per Parquet row group: small enough that a query reading a few steps of a few
-# ranks decodes little more than it needs, big enough to compress well.
-ROW_GROUP = 1 << 17
+def _tidy(folder: Path) -> None:
+    """Remove what no reader needs: parts folders the index does not name (an older
+    cache, one a concurrent doctor replaced), the scratch folders of conversions that
+    were killed (their process is gone, the folder unchanged for _ABANDONED_S), a
+    format-1 cache file."""
+    try:
+        current = json.loads((folder / CACHE_FILE).read_bytes()).get("parts")
+        entries = list(folder.iterdir())
+    except Exception:
+        return
+    for entry in entries:
+        older = entry.name.startswith(PARTS_PREFIX) and entry.name != current and entry.is_dir()
+        if older or (entry.name.startswith(".parts.") and _abandoned(entry)):
+            shutil.rmtree(entry, ignore_errors=True)
+        elif entry.name == _LEGACY_FILE:
+            entry.unlink(missing_ok=True)
+
+
+# A scratch folder unchanged this long, of a process that is gone, is a killed conversion's
+# (a live one adds a part every second or so; a process of the same number elsewhere, in
+# another container sharing the folder, is not judged by this one's process table alone).
+_ABANDONED_S = 600
+
+
+def _abandoned(entry: Path) -> bool:
+    try:
+        old = entry.stat().st_mtime < time.time() - _ABANDONED_S
+    except OSError:
+        return False
+    return old and not _alive(entry.name.split(".")[2])
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (ValueError, OSError):
+        return True  # not ours to judge (another user's process, a name not ours)
+    return True
 
 
 def _meta(key: dict[str, Any], rows: int, schema: pl.Schema, records: Any) -> dict[str, Any]:
@@ -196,6 +296,7 @@ def _meta(key: dict[str, Any], rows: int, schema: pl.Schema, records: Any) -> di
         "key": key,
         "rows": rows,
         "schema": str(schema),
+        "columns": list(schema),
         # rank keys become pairs: JSON's keys are strings
         "snapshots": list(records.snapshots.items()),
         "checks": records.checks,
@@ -207,20 +308,15 @@ def _meta(key: dict[str, Any], rows: int, schema: pl.Schema, records: Any) -> di
 
 
 def save(run_dir: Path, key: dict[str, Any], records: Any) -> None:
-    """Keep the reader's result (a RunRecords); any failure (a read-only folder, a full
-    disk) only means there is no cache."""
+    """Keep the reader's result (a RunRecords, its steps in memory) as one part; any
+    failure (a read-only folder, a full disk) only means there is no cache."""
     if racy(key):
         return
-    folder = run_dir / CACHE_SUBDIR
-    tmp = folder / f".{CACHE_FILE}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
-    try:
-        meta = _meta(key, records.steps.height, records.steps.schema, records)
-        text = json.dumps(meta, separators=(",", ":"))
-        folder.mkdir(parents=True, exist_ok=True)
-        records.steps.write_parquet(tmp, metadata={_META_KEY: text})
-        os.replace(tmp, folder / CACHE_FILE)
-    except Exception:
+    with parts_folder(run_dir) as parts_dir:
+        if parts_dir is None:
+            return
         try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
+            write_part(records.steps, parts_dir / "0.parquet")
+        except Exception:
+            return
+        publish(run_dir, key, parts_dir, [("0.parquet", records.steps.height)], records.steps.schema, records)

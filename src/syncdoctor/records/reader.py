@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
@@ -119,14 +123,61 @@ def _warn_missing(out: RunRecords) -> None:
             out.warnings.append(f"no record file for ranks [{shown}] of world size {world}")
 
 
+@dataclass
+class _Part:
+    """What converting one rank file left: its other records (the fields of a
+    RunRecords), its part file (None: no step records), rows kept and dropped, the
+    columns its step records had."""
+
+    records: RunRecords
+    file: str | None = None
+    rows: int = 0
+    dropped: int = 0
+    columns: tuple[str, ...] = ()
+    parsed: bool = False
+
+
+def _convert_rank(rank: int, path: Path, part_path: Path) -> _Part | None:
+    """One rank file parsed alone, its step records written to ``part_path``; None
+    where that could read differently from the whole run parsed together."""
+    got = _Part(RunRecords(run_dir=path))
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    blob = _read_rank_file(rank, path, data, got.records)
+    del data
+    if not blob:
+        return got
+    part = _parse_part(rank, blob)
+    del blob
+    if part is None:
+        return None
+    frame, got.dropped = part
+    got.columns, got.parsed = tuple(frame.columns), True
+    if frame.height:
+        try:
+            cache.write_part(frame, part_path)
+        except Exception:
+            return None
+        got.file, got.rows = part_path.name, frame.height
+    return got
+
+
+# Rank files converted at once (threads: parsing and writing run in polars, without the
+# GIL): each holds one rank's bytes and frame.
+CONVERT_THREADS = max(1, min(4, os.cpu_count() or 1))
+
+
 def _convert(run_dir: Path, rec_dir: Path, files: list[tuple[int, Path]], key: dict[str, Any]) -> RunRecords | None:
     """The cache built one rank file at a time, so that converting a big run never holds
-    more than one rank's JSON lines and step frame: each rank's step records parsed
-    alone and written as a Parquet part, the parts then streamed into the cache file,
-    which is read back as a warm read would. None (and the whole run read in memory, as
-    before) wherever that could read differently: a rank file with step records of
-    another rank, a step twice, a corrupt step line, an unreadable file; or where the
-    cache cannot be kept (files just written, a folder that cannot be written to)."""
+    more than one rank's JSON lines and step frame per thread: each rank's step records
+    parsed alone and written as a Parquet part, the parts kept as they are (the cache
+    is the folder of parts, records/cache.py), then read back as a warm read would.
+    None (and the whole run read in memory, as before) wherever that could read
+    differently: a rank file with step records of another rank, a step twice, a
+    corrupt step line, an unreadable file; or where the cache cannot be kept (files
+    just written, a folder that cannot be written to)."""
     if cache.racy(key):
         return None
     out = RunRecords(run_dir=run_dir)
@@ -134,42 +185,39 @@ def _convert(run_dir: Path, rec_dir: Path, files: list[tuple[int, Path]], key: d
     with cache.parts_folder(run_dir) as parts_dir:
         if parts_dir is None:
             return None
-        parts: list[Path] = []
+        names: list[tuple[str, int]] = []
         present: set[str] = set()
-        rows = unusable = 0
+        unusable = 0
         parsed = False
-        for rank, path in files:
-            out.ranks.append(rank)
-            try:
-                data = path.read_bytes()
-            except OSError:
-                return None
-            blob = _read_rank_file(rank, path, data, out)
-            del data
-            if not blob:
-                continue
-            part = _parse_part(rank, blob)
-            del blob
-            if part is None:
-                return None
-            frame, dropped = part
-            unusable += dropped
-            present.update(frame.columns)
-            parsed = True
-            if not frame.height:
-                continue
-            parts.append(parts_dir / f"{len(parts)}.parquet")
-            try:
-                frame.write_parquet(parts[-1])
-            except Exception:
-                return None
-            rows += frame.height
-            del frame
+        # In rank order, as a read of the whole run: the other records, the warnings.
+        with ThreadPoolExecutor(CONVERT_THREADS) as pool:
+            done = pool.map(
+                _convert_rank,
+                [rank for rank, _ in files],
+                [path for _, path in files],
+                [parts_dir / f"{i}.parquet" for i in range(len(files))],
+            )
+            for (rank, _), got in zip(files, done, strict=True):
+                out.ranks.append(rank)
+                if got is None:
+                    pool.shutdown(cancel_futures=True)
+                    return None
+                mine = got.records
+                out.snapshots.update(mine.snapshots)
+                out.checks += mine.checks
+                out.events += mine.events
+                out.ends.update(mine.ends)
+                out.warnings += mine.warnings
+                unusable += got.dropped
+                present.update(got.columns)
+                parsed = parsed or got.parsed
+                if got.file is not None:
+                    names.append((got.file, got.rows))
         if unusable:
             out.warnings.append(f"{unusable} step records without a usable rank or step skipped")
         _warn_missing(out)
         schema = {name: dtype for name, dtype in STEP_SCHEMA.items() if name in present}
-        if not parts:
+        if not names:
             # as the in-memory read leaves a run without usable step records: every
             # column where there were none at all
             out.steps = pl.DataFrame(schema=schema if parsed else STEP_SCHEMA)
@@ -177,17 +225,7 @@ def _convert(run_dir: Path, rec_dir: Path, files: list[tuple[int, Path]], key: d
                 return out
             cache.save(run_dir, key, out)
             return out
-        steps = pl.concat(
-            [
-                pl.scan_parquet(part)
-                .with_columns(
-                    pl.lit(None, dtype).alias(name) for name, dtype in schema.items() if name not in _part_columns(part)
-                )
-                .select(list(schema))
-                for part in parts
-            ]
-        )
-        if not cache.save_lazy(run_dir, key, steps, rows, pl.Schema(schema), out):
+        if not cache.publish(run_dir, key, parts_dir, names, pl.Schema(schema), out):
             return None
     kept = cache.load(run_dir, key)
     if kept is None:
@@ -195,10 +233,6 @@ def _convert(run_dir: Path, rec_dir: Path, files: list[tuple[int, Path]], key: d
     if cache.source_key(rec_dir) != key:  # a file changed while it was read: not kept
         cache.drop(run_dir)
     return RunRecords(run_dir=run_dir, **kept)
-
-
-def _part_columns(part: Path) -> set[str]:
-    return set(pl.read_parquet_schema(part))
 
 
 def _parse_part(rank: int, blob: bytes) -> tuple[pl.DataFrame, int] | None:
@@ -210,13 +244,22 @@ def _parse_part(rank: int, blob: bytes) -> tuple[pl.DataFrame, int] | None:
         frame = pl.read_ndjson(io.BytesIO(blob), schema=_step_schema(blob), ignore_errors=True)
     except Exception:
         return None
-    usable = frame.filter(pl.col("step").is_not_null() & pl.col("rank").is_between(0, MAX_WORLD_SIZE - 1))
-    usable = _restore_nonfinite(usable).sort(["rank", "step"])
-    if usable.height and not (
-        (usable["rank"] == rank).all() and (usable.height == 1 or (usable["step"].diff().drop_nulls() > 0).all())
-    ):
+    keep = frame.select((pl.col("step").is_not_null() & pl.col("rank").is_between(0, MAX_WORLD_SIZE - 1)).alias("k"))
+    usable = frame if keep["k"].all() else frame.filter(keep["k"])
+    if not usable.height:
+        return usable, frame.height
+    if not (usable["rank"] == rank).all():
         return None
-    return usable, frame.height - usable.height
+    # sorted by step already, as a rank writes them (the whole run's sort, one rank's share)
+    if not _increasing(usable["step"]):
+        usable = usable.sort("step")
+        if not _increasing(usable["step"]):  # a step twice
+            return None
+    return _restore_nonfinite(usable), frame.height - usable.height
+
+
+def _increasing(steps: pl.Series) -> bool:
+    return steps.len() < 2 or bool((steps.diff().drop_nulls() > 0).all())
 
 
 def _plausible_files(files: list[tuple[int, Path]], out: RunRecords) -> list[tuple[int, Path]]:
@@ -245,8 +288,9 @@ def _read_rank_file(rank: int, path: Path, data: bytes, out: RunRecords) -> byte
     # Step lines are nearly all of a file and go to polars untouched; only the few
     # others are parsed here, one by one.
     lines = data.split(b"\n")
-    steps = [line for line in lines if line.startswith(_STEP_PREFIX)]
-    others = [(n, line) for n, line in enumerate(lines, 1) if not line.startswith(_STEP_PREFIX) and line.strip()]
+    is_step = [line.startswith(_STEP_PREFIX) for line in lines]
+    steps = list(compress(lines, is_step))
+    others = [(n + 1, lines[n]) for n in _falses(is_step) if lines[n].strip()]
     bad = 0
     for lineno, line in others:
         try:
@@ -287,6 +331,17 @@ def _read_rank_file(rank: int, path: Path, data: bytes, out: RunRecords) -> byte
         out.warnings.append(f"{path.name}: {bad} unreadable lines skipped")
     steps += _tail_steps(rank, path, steps, out)
     return b"\n".join(steps) + b"\n" if steps else b""
+
+
+def _falses(flags: list[bool]) -> Iterator[int]:
+    """The positions of the (few) False values, found at C speed."""
+    at = -1
+    while True:
+        try:
+            at = flags.index(False, at + 1)
+        except ValueError:
+            return
+        yield at
 
 
 def _tail_steps(rank: int, path: Path, steps: list[bytes], out: RunRecords) -> list[bytes]:
@@ -336,10 +391,19 @@ def _well_typed(rec: dict[str, Any], kind: Any) -> bool:
 # 10 % of the doctor's peak memory at 256 ranks × 10,000 steps. The rules that read them
 # look for the column first.
 _NESTED = [name for name, dtype in STEP_SCHEMA.items() if isinstance(dtype, (pl.List, pl.Struct))]
+_NESTED_KEYS = [f'"{name}":' for name in _NESTED]
 
 
 def _step_schema(blob: bytes) -> dict[str, pl.DataType]:
-    absent = {name for name in _NESTED if f'"{name}":'.encode() not in blob}
+    # Most runs have none of these keys, so each search reads the whole blob: polars'
+    # search for all of them at once first (a third of the time Python's searches one by
+    # one took), then one by one where some key is there (or the blob is not UTF-8).
+    whole = pl.Series([blob], dtype=pl.Binary)
+    try:
+        some = whole.cast(pl.String).str.contains_any(_NESTED_KEYS).item()
+    except Exception:  # not UTF-8
+        some = True
+    absent = {name for name in _NESTED if not some or not whole.bin.contains(f'"{name}":'.encode()).item()}
     return {name: dtype for name, dtype in STEP_SCHEMA.items() if name not in absent}
 
 

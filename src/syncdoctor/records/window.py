@@ -7,7 +7,8 @@ something happens (the first and last steps, the first step where ranks disagree
 value they must share, the first non-finite loss, the last steps before a rank
 stopped) and the shape of each rank's curves elsewhere. So a run with more step
 records than ``SYNCDOCTOR_FULL_DETAIL_ROWS`` (default DEFAULT_ROWS) is read in two
-passes over the Parquet cache, each streaming (memory for the result, not the run):
+passes over the Parquet cache, each going through its parts a batch of ranks at a time
+(cache.BATCH_ROWS records): memory for a batch and the result, not the run:
 
 1. triage: per step, the lowest and highest value of every column the ranks must
    share, how many ranks wrote the step, how many losses were not finite; per rank,
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import polars as pl
 
@@ -83,22 +83,46 @@ def _shared_columns(schema: pl.Schema) -> list[str]:
     ]
 
 
-def triage(lf: pl.LazyFrame) -> Triage:
-    """The first pass: per-step and per-rank aggregates, streamed."""
-    schema = lf.collect_schema()
+def triage(batches: list[pl.LazyFrame]) -> Triage:
+    """The first pass: per-step and per-rank aggregates, one batch of the cache's parts
+    at a time, each batch's folded into the running ones (which hold one row per step
+    and per rank): memory for a batch, not the run. (One streaming query over every
+    part held the whole run at 1,024 ranks × 100,000 steps: 19 GiB.)"""
+    schema = batches[0].collect_schema()
     shared = _shared_columns(schema)
     aggs = [pl.len().alias("_n")]
+    fold = [pl.col("_n").sum()]
     for i, name in enumerate(shared):
         aggs += [pl.col(name).min().alias(f"_lo{i}"), pl.col(name).max().alias(f"_hi{i}")]
+        fold += [pl.col(f"_lo{i}").min(), pl.col(f"_hi{i}").max()]
     if "loss" in schema:
         aggs.append((pl.col("loss").is_nan() | pl.col("loss").is_infinite()).sum().alias("_nonfinite"))
+        fold.append(pl.col("_nonfinite").sum())
     if "param_fp" in schema:
         aggs.append(pl.col("param_fp").is_not_null().sum().alias("_checked"))
-    per_step = lf.group_by("step").agg(aggs).sort("step").collect(engine="streaming")
+        fold.append(pl.col("_checked").sum())
+    per_step: pl.DataFrame | None = None
+    ranks: list[pl.DataFrame] = []
+    for lf in batches:
+        part, rank_part = pl.collect_all(
+            [
+                lf.group_by("step").agg(aggs),
+                lf.group_by("rank").agg(pl.col("step").min().alias("first"), pl.col("step").max().alias("last")),
+            ]
+        )
+        per_step = (
+            part if per_step is None else pl.concat([per_step, part], how="vertical_relaxed").group_by("step").agg(fold)
+        )
+        ranks.append(rank_part)
+    assert per_step is not None
+    per_step = per_step.sort("step")
     per_rank = (
-        lf.group_by("rank")
-        .agg(pl.col("step").min().alias("first"), pl.col("step").max().alias("last"))
-        .collect(engine="streaming")
+        pl.concat(ranks, how="vertical_relaxed")
+        .group_by("rank")
+        .agg(pl.col("first").min(), pl.col("last").max())
+        .sort("rank")
+        if len(ranks) > 1
+        else ranks[0]
     )
     steps = per_step["step"].to_list()
     checked = per_step.filter(pl.col("_checked") > 0)["step"].to_list() if "_checked" in per_step.columns else []
@@ -159,25 +183,29 @@ def choose_steps(found: Triage, rows: int) -> tuple[list[int], int]:
     return sorted(chosen), stride
 
 
-def read_bounded(path: Path, total: int, rows: int) -> tuple[pl.DataFrame, str]:
+def read_bounded(batches: list[pl.LazyFrame], total: int, rows: int) -> tuple[pl.DataFrame, str]:
     """The model's step frame (sorted by rank, then step) and the warning that says
-    what it holds."""
-    lf = pl.scan_parquet(path)
-    found = triage(lf)
+    what it holds. ``batches``: the cached step series (records/cache.py), rank by rank,
+    in batches of parts read one at a time."""
+    found = triage(batches)
     chosen, stride = choose_steps(found, rows)
     # every rank's first and last record too, wherever they are: its step count and end
     # are exact (a rank that stopped early among ranks that did not)
-    ends = found.ends.select("rank", pl.col("first").alias("_first"), pl.col("last").alias("_last"))
-    frame = (
-        lf.join(ends.lazy(), on="rank", how="left", maintain_order="left")
-        .filter(
-            pl.col("step").is_in(pl.Series(chosen, dtype=pl.Int64).implode())
-            | (pl.col("step") == pl.col("_first"))
-            | (pl.col("step") == pl.col("_last"))
-        )
-        .drop("_first", "_last")
-        .collect(engine="streaming")
-    )
+    ends = found.ends.select("rank", pl.col("first").alias("_first"), pl.col("last").alias("_last")).lazy()
+    wanted = pl.Series(chosen, dtype=pl.Int64).implode()
+    frame = pl.concat(
+        [
+            lf.join(ends, on="rank", how="left", maintain_order="left")
+            .filter(
+                pl.col("step").is_in(wanted)
+                | (pl.col("step") == pl.col("_first"))
+                | (pl.col("step") == pl.col("_last"))
+            )
+            .drop("_first", "_last")
+            .collect()
+            for lf in batches
+        ]
+    ).rechunk()  # one chunk, not one a part: the rules' queries run over it many times
     # The cache is sorted by rank, then step, and the filter keeps its order: sorting
     # again (a second of a big frame) only where that did not hold.
     if not (
