@@ -4,6 +4,7 @@ cannot be written; what a run reads as is the same with it, without it, cold or 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -365,3 +366,32 @@ def test_nested_columns_are_read_where_some_step_record_has_the_key(tmp_path: Pa
     for got in (read_run(run, use_cache=False), read_run(run), read_run(run)):
         nested = {c for c in got.steps.columns if c in reader._NESTED}
         assert nested == {"tensor_fps", "nonfinite", "ids", "acts"}
+
+
+def test_a_key_first_written_late_in_a_long_run_is_read(tmp_path: Path) -> None:
+    """The reader parses step records with the keys some record has (records/reader.py:
+    those of the first lines, then a search for the rest): a scalar key and a nested one
+    that first appear far past the first lines are read, and the frame is the one a parse
+    with every column of the schema gives."""
+    steps = 3 * reader._SAMPLE_LINES
+    late = {2 * reader._SAMPLE_LINES: {"reduce_ratio": 0.5}, steps - 1: {"ids": [4, 2]}}
+    blob = "".join(_line(_step(0, step, **late.get(step, {}))) for step in range(1, steps + 1)).encode()
+    got = reader._read_steps(blob)
+    assert got.filter(pl.col("step") == 2 * reader._SAMPLE_LINES)["reduce_ratio"].to_list() == [0.5]
+    assert got.filter(pl.col("step") == steps - 1)["ids"].to_list() == [[4, 2]]
+    whole = pl.read_ndjson(io.BytesIO(blob), schema=reader.STEP_SCHEMA, ignore_errors=True).select(got.columns)
+    assert got.equals(whole, null_equal=True) and got.schema == whole.schema
+    assert "tensor_fps" not in got.columns and "loss_scale" in got.columns  # nested absent; scalar null
+
+
+def test_the_cache_reads_only_the_columns_that_hold_a_value(tmp_path: Path) -> None:
+    """Columns null in every row are not read from the Parquet parts (the index names the
+    others) and come back as nulls: the frame is the one read without the cache."""
+    run = write_run(tmp_path / "run")
+    cold = read_run(run)
+    meta = json.loads(cache.cache_path(run).read_bytes())
+    assert "loss" in meta["valued"] and "tensor_fps" in meta["valued"]
+    assert "loss_scale" in meta["columns"] and "loss_scale" not in meta["valued"]
+    warm, none = read_run(run), read_run(run, use_cache=False)
+    assert cold.steps.equals(none.steps, null_equal=True) and warm.steps.equals(none.steps, null_equal=True)
+    assert warm.steps.schema == none.steps.schema

@@ -138,7 +138,7 @@ def test_a_rank_that_stopped_early_keeps_its_last_step(tmp_path: Path, monkeypat
     """Many ranks stopping at many steps: the windows cover a few of them, but every
     rank's first and last record are read, so its step count is exact."""
     run = write_run(tmp_path / "run", onset=None)
-    for rank, stop in ((1, 1234), (3, 2345)):
+    for rank, stop in ((1, 1237), (3, 2341)):  # steps off the evenly spaced ones read
         path = run / "records" / f"rank{rank}.jsonl"
         kept = [line for line in path.read_text().splitlines() if json.loads(line).get("step", 0) <= stop]
         path.write_text("\n".join(kept) + "\n")
@@ -147,7 +147,9 @@ def test_a_rank_that_stopped_early_keeps_its_last_step(tmp_path: Path, monkeypat
     monkeypatch.setenv(window.FULL_DETAIL_ENV, "2000")
     read = read_run(run)
     last = dict(read.steps.group_by("rank").agg(pl.col("step").max()).iter_rows())
-    assert last == {0: STEPS, 1: 1234, 2: STEPS, 3: 2345}
+    assert last == {0: STEPS, 1: 1237, 2: STEPS, 3: 2341}
+    # another rank's last step is not read for the ranks that went on
+    assert read.steps.filter(pl.col("step").is_in([1237, 2341]))["rank"].to_list() == [1, 3]
 
 
 def test_a_big_run_killed_mid_write_still_diagnoses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -188,7 +190,13 @@ def test_a_big_run_read_batch_by_batch_reads_as_in_one_batch(tmp_path: Path, mon
 
 
 def test_batches_are_whole_parts_of_about_the_rows_asked(tmp_path: Path) -> None:
-    meta = {"parts": "records.x", "files": ["0.parquet", "1.parquet", "2.parquet"], "counts": [5, 5, 20], "columns": []}
+    meta = {
+        "parts": "records.x",
+        "files": ["0.parquet", "1.parquet", "2.parquet"],
+        "counts": [5, 5, 20],
+        "columns": [],
+        "valued": [],
+    }
     assert len(cache.scan_batches(tmp_path, meta, 10)) == 2  # 5 + 5, then the big part alone
     assert len(cache.scan_batches(tmp_path, meta, 1)) == 3
     assert len(cache.scan_batches(tmp_path, meta, 100)) == 1

@@ -191,21 +191,26 @@ def read_bounded(batches: list[pl.LazyFrame], total: int, rows: int) -> tuple[pl
     chosen, stride = choose_steps(found, rows)
     # every rank's first and last record too, wherever they are: its step count and end
     # are exact (a rank that stopped early among ranks that did not)
-    ends = found.ends.select("rank", pl.col("first").alias("_first"), pl.col("last").alias("_last")).lazy()
+    ends = found.ends.select("rank", pl.col("first").alias("_first"), pl.col("last").alias("_last"))
+    # The scan's filter is on the step alone, so that the Parquet reader applies it as it
+    # decodes (a filter on a join with the ends decoded and copied every row of a batch):
+    # the chosen steps and every rank's first and last. The few rows at another rank's
+    # first or last step go after, on the small frame.
+    edges = set(found.ends["first"].to_list()) | set(found.ends["last"].to_list())
+    scanned = pl.Series(sorted(set(chosen) | edges), dtype=pl.Int64).implode()
     wanted = pl.Series(chosen, dtype=pl.Int64).implode()
-    frame = pl.concat(
-        [
-            lf.join(ends, on="rank", how="left", maintain_order="left")
+    frame = pl.concat([lf.filter(pl.col("step").is_in(scanned)).collect() for lf in batches], rechunk=True)
+    # (one chunk, not one a part: the rules' queries run over it many times)
+    if len(edges - set(chosen)):
+        frame = (
+            frame.join(ends, on="rank", how="left", maintain_order="left")
             .filter(
                 pl.col("step").is_in(wanted)
                 | (pl.col("step") == pl.col("_first"))
                 | (pl.col("step") == pl.col("_last"))
             )
             .drop("_first", "_last")
-            .collect()
-            for lf in batches
-        ]
-    ).rechunk()  # one chunk, not one a part: the rules' queries run over it many times
+        )
     # The cache is sorted by rank, then step, and the filter keeps its order: sorting
     # again (a second of a big frame) only where that did not hold.
     if not (

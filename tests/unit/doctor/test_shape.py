@@ -151,3 +151,26 @@ def test_classify_many_accepts_pairs_and_flat_lists():
     assert [s.shape for s in shapes] == ["decreasing", "sawtooth", "sawtooth"]
     nan_pairs = [[10, 1.0], [11, 0.9], [12, math.nan]]
     assert "step 12" in classify_many({0: nan_pairs})[0].detail
+
+
+@pytest.mark.parametrize("window", [1, 3, 4, 25, 51])
+def test_the_sliding_median_is_numpys_to_the_bit(window: int) -> None:
+    """sliding_median takes polars' rolling median for odd windows (ten times faster):
+    it must give what numpy's median of each window gives, bit for bit, on values with
+    ties, tiny and huge magnitudes, and fewer values than the window."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    from syncdoctor.doctor.shape import sliding_median
+
+    rng = np.random.default_rng(window)
+    series = [
+        rng.normal(size=4000),
+        np.round(rng.normal(size=999), 1),
+        np.exp(rng.normal(size=500)) * 1e-200,
+        np.r_[np.full(60, 0.25), np.full(60, 1.56)],
+        rng.normal(size=window) * 1e300,
+    ]
+    for x in series:
+        want = np.median(sliding_window_view(x, window), axis=1)
+        got = sliding_median(x, window)
+        assert got.dtype == want.dtype and np.array_equal(got, want)
