@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from syncdoctor.doctor.diagnose import diagnose
-from syncdoctor.records import cache, window
+from syncdoctor.records import cache, reader, window
 from syncdoctor.records.reader import read_run
 
 RANKS, STEPS, ONSET, BAD = 4, 3000, 2703, 2
@@ -168,24 +168,36 @@ def test_a_big_run_killed_mid_write_still_diagnoses(tmp_path: Path, monkeypatch:
 
 
 def test_a_big_run_read_batch_by_batch_reads_as_in_one_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bounded read goes through the cache's parts a batch at a time (memory for a
-    batch, not the run) and folds the batches' aggregates: a batch per rank reads the
-    same frame, the same steps that matter, the same finding as one batch of all."""
+    """The triage folds the aggregates of one batch of records at a time (memory for a
+    batch, not the run): made while the cache is built, from a few ranks' records at a
+    time, and kept in its index, it is the one a pass over the cache's parts makes, a
+    part per batch or all in one; a warm read makes no pass, and reads as a read that
+    must make one."""
     run = write_run(tmp_path / "run")
     monkeypatch.setenv(window.FULL_DETAIL_ENV, "2000")
-    one = read_run(run)
-    seen: list[int] = []
+    monkeypatch.setattr(reader, "TALLY_ROWS", STEPS + 1)  # a fold every two ranks
+    cold = read_run(run)
+    meta = json.loads(cache.cache_path(run).read_bytes())
+    by_part = window.triage(cache.scan_batches(run, meta, STEPS + 1))
+    assert meta["triage"] == by_part.to_json() == window.triage([cache.scan(run, meta)]).to_json()
+    assert len(meta["triage"]["centres"]) > 2  # the fault's steps among them, not only the ends
+    passes: list[int] = []
     triage = window.triage
 
     def spy(batches: list[pl.LazyFrame]) -> window.Triage:
-        seen.append(len(batches))
+        passes.append(len(batches))
         return triage(batches)
 
     monkeypatch.setattr(window, "triage", spy)
-    monkeypatch.setattr(cache, "BATCH_ROWS", STEPS + 1)  # a rank's part per batch
-    by_rank = read_run(run)
-    assert seen == [RANKS]
-    assert by_rank.steps.equals(one.steps) and by_rank.warnings == one.warnings
+    warm = read_run(run)
+    assert passes == []
+    meta["triage"] = None  # an index without it: the read makes the pass, a part per batch
+    cache.cache_path(run).write_text(json.dumps(meta))
+    monkeypatch.setattr(cache, "BATCH_ROWS", STEPS + 1)
+    again = read_run(run)
+    assert passes == [RANKS]
+    for read in (warm, again):
+        assert read.steps.equals(cold.steps) and read.warnings == cold.warnings
     assert top(run) == ("SD402", [BAD], ONSET, "b.weight")
 
 

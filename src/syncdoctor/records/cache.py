@@ -126,7 +126,9 @@ def load(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
             if sum(lf.select(pl.len()).collect().item() for lf in batches) != meta["rows"]:
                 return None
             # a big run: the steps that matter and a sample of the rest (records/window.py)
-            steps, note = window.read_bounded(batches, meta["rows"], limit)
+            kept = meta.get("triage")
+            found = window.Triage.from_json(kept) if kept is not None else None
+            steps, note = window.read_bounded(batches, meta["rows"], limit, found)
             warnings = [*warnings, note]
         else:
             steps = scan(run_dir, meta).collect().rechunk()  # one chunk, not one a part
@@ -236,10 +238,12 @@ def publish(
     schema: pl.Schema,
     records: Any,
     valued: set[str],
+    triage: dict[str, Any] | None = None,
 ) -> bool:
     """Keep the parts in ``parts_dir`` (the step series, rank by rank) as the cache, with
     the rest of the reader's result (a RunRecords, whose steps are unset); ``files``:
-    each part's name and rows; ``valued``: the columns with a value in some row. False where
+    each part's name and rows; ``valued``: the columns with a value in some row;
+    ``triage``: the bounded read's first pass (records/window.py Triage), if made. False where
     it could not be kept. The parts' folder is moved into place first, then the index
     that names it replaces the old one atomically: a reader sees the old cache or the
     new one, never half of each."""
@@ -250,6 +254,7 @@ def publish(
         meta = _meta(key, sum(n for _, n in files), schema, records)
         meta.update(parts=name, files=[f for f, _ in files], counts=[n for _, n in files])
         meta["valued"] = [column for column in meta["columns"] if column in valued]
+        meta["triage"] = triage
         text = json.dumps(meta, separators=(",", ":"))
         os.rename(parts_dir, folder / name)
         tmp.write_text(text)

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import polars as pl
 
-from syncdoctor.records import cache, contract
+from syncdoctor.records import cache, contract, window
 from syncdoctor.records.schema import RECORDS_SUBDIR, SCHEMA_VERSION, STEP_SCHEMA, RecordError
 from syncdoctor.records.tail import KEY_END, read_tail
 
@@ -140,11 +140,13 @@ class _Part:
     columns: tuple[str, ...] = ()
     valued: set[str] = field(default_factory=set)  # the columns with a value in some row
     parsed: bool = False
+    tallied: pl.DataFrame | None = None  # the step records' columns the triage reads
 
 
-def _convert_rank(rank: int, path: Path, part_path: Path) -> _Part | None:
-    """One rank file parsed alone, its step records written to ``part_path``; None
-    where that could read differently from the whole run parsed together."""
+def _convert_rank(rank: int, path: Path, part_path: Path, tallied: list[str]) -> _Part | None:
+    """One rank file parsed alone, its step records written to ``part_path`` (and their
+    columns ``tallied`` kept, for the triage); None where that could read differently
+    from the whole run parsed together."""
     got = _Part(RunRecords(run_dir=path, steps=_NO_STEPS))  # (an empty frame of every column costs 0.5 ms)
     try:
         data = path.read_bytes()
@@ -166,6 +168,8 @@ def _convert_rank(rank: int, path: Path, part_path: Path) -> _Part | None:
         except Exception:
             return None
         got.file, got.rows = part_path.name, frame.height
+        # (the frame's columns, not copies; those null in every record are not aggregated)
+        got.tallied = frame.select(name for name in tallied if name in got.valued)
     return got
 
 
@@ -174,6 +178,9 @@ def _convert_rank(rank: int, path: Path, part_path: Path) -> _Part | None:
 # not idle while a thread splits its file's lines under the GIL (256 ranks × 10,000
 # steps converted in 5.8-6.0 s with three threads on two cores, 6.2-6.3 s with two).
 CONVERT_THREADS = max(1, min(4, (os.cpu_count() or 1) + 1))
+# Step records of converted ranks held for the triage (records/window.py Tally) before
+# they are folded into its per-step aggregates.
+TALLY_ROWS = 500_000
 
 
 def _convert(run_dir: Path, rec_dir: Path, files: list[tuple[int, Path]], key: dict[str, Any]) -> RunRecords | None:
@@ -197,6 +204,11 @@ def _convert(run_dir: Path, rec_dir: Path, files: list[tuple[int, Path]], key: d
         valued: set[str] = set()
         unusable = 0
         parsed = False
+        # The triage of a big run's bounded read (records/window.py), from the records as
+        # they are converted: the cache keeps it, so that no read decodes the parts for it.
+        # Every part has every scalar column (the triage's), null where no record has it.
+        tally = window.Tally(pl.Schema(_kept_schema(set())))
+        held: list[pl.DataFrame] = []
         # In rank order, as a read of the whole run: the other records, the warnings.
         with ThreadPoolExecutor(CONVERT_THREADS) as pool:
             done = pool.map(
@@ -204,6 +216,7 @@ def _convert(run_dir: Path, rec_dir: Path, files: list[tuple[int, Path]], key: d
                 [rank for rank, _ in files],
                 [path for _, path in files],
                 [parts_dir / f"{i}.parquet" for i in range(len(files))],
+                [tally.columns] * len(files),
             )
             for (rank, _), got in zip(files, done, strict=True):
                 out.ranks.append(rank)
@@ -222,6 +235,14 @@ def _convert(run_dir: Path, rec_dir: Path, files: list[tuple[int, Path]], key: d
                 parsed = parsed or got.parsed
                 if got.file is not None:
                     names.append((got.file, got.rows))
+                if got.tallied is not None:
+                    held.append(got.tallied)
+                    if sum(frame.height for frame in held) >= TALLY_ROWS:
+                        tally.add(pl.concat(held, how="diagonal").lazy())
+                        held.clear()
+        if held:
+            tally.add(pl.concat(held, how="diagonal").lazy())
+            held.clear()
         if unusable:
             out.warnings.append(f"{unusable} step records without a usable rank or step skipped")
         _warn_missing(out)
@@ -234,7 +255,8 @@ def _convert(run_dir: Path, rec_dir: Path, files: list[tuple[int, Path]], key: d
                 return out
             cache.save(run_dir, key, out)
             return out
-        if not cache.publish(run_dir, key, parts_dir, names, pl.Schema(schema), out, valued):
+        found = tally.triage().to_json()
+        if not cache.publish(run_dir, key, parts_dir, names, pl.Schema(schema), out, valued, found):
             return None
     kept = cache.load(run_dir, key)
     if kept is None:

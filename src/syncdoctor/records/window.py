@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import polars as pl
 
@@ -74,6 +75,26 @@ class Triage:
     centres: dict[str, list[int]] = field(default_factory=dict)  # why -> steps that matter
     window: int = MIN_WINDOW
 
+    def to_json(self) -> dict[str, Any]:
+        """As the cache's index keeps it (records/cache.py)."""
+        return {
+            "steps": self.steps,
+            "checked": self.checked,
+            "ranks": self.ranks,
+            "ends": [self.ends["rank"].to_list(), self.ends["first"].to_list(), self.ends["last"].to_list()],
+            "centres": self.centres,
+            "window": self.window,
+        }
+
+    @classmethod
+    def from_json(cls, kept: dict[str, Any]) -> Triage:
+        rank, first, last = kept["ends"]
+        ends = pl.DataFrame({"rank": rank, "first": first, "last": last}, schema=_ENDS_SCHEMA)
+        return cls(kept["steps"], kept["checked"], kept["ranks"], ends, kept["centres"], kept["window"])
+
+
+_ENDS_SCHEMA = {"rank": pl.Int64, "first": pl.Int64, "last": pl.Int64}
+
 
 def _shared_columns(schema: pl.Schema) -> list[str]:
     return [
@@ -83,47 +104,82 @@ def _shared_columns(schema: pl.Schema) -> list[str]:
     ]
 
 
-def triage(batches: list[pl.LazyFrame]) -> Triage:
-    """The first pass: per-step and per-rank aggregates, one batch of the cache's parts
-    at a time, each batch's folded into the running ones (which hold one row per step
-    and per rank): memory for a batch, not the run. (One streaming query over every
-    part held the whole run at 1,024 ranks × 100,000 steps: 19 GiB.)"""
-    schema = batches[0].collect_schema()
-    shared = _shared_columns(schema)
-    aggs = [pl.len().alias("_n")]
-    fold = [pl.col("_n").sum()]
-    for i, name in enumerate(shared):
-        aggs += [pl.col(name).min().alias(f"_lo{i}"), pl.col(name).max().alias(f"_hi{i}")]
-        fold += [pl.col(f"_lo{i}").min(), pl.col(f"_hi{i}").max()]
-    if "loss" in schema:
-        aggs.append((pl.col("loss").is_nan() | pl.col("loss").is_infinite()).sum().alias("_nonfinite"))
-        fold.append(pl.col("_nonfinite").sum())
-    if "param_fp" in schema:
-        aggs.append(pl.col("param_fp").is_not_null().sum().alias("_checked"))
-        fold.append(pl.col("_checked").sum())
-    per_step: pl.DataFrame | None = None
-    ranks: list[pl.DataFrame] = []
-    for lf in batches:
+class Tally:
+    """The triage's per-step and per-rank aggregates, fed a batch of step records at a
+    time, each batch's folded into the running ones (which hold one row per step and
+    per rank): memory for a batch, not the run. (One streaming query over every part
+    held the whole run at 1,024 ranks × 100,000 steps: 19 GiB.) Fed from the cache's
+    parts by ``triage``, or from the step records as the cache is built (records/reader.py),
+    so that a first read does not decode the parts twice."""
+
+    def __init__(self, schema: pl.Schema) -> None:
+        """``schema``: the columns a batch may have; a batch may lack some (one whose
+        column is null in every record: its aggregates would be null too)."""
+        self.shared = _shared_columns(schema)
+        wanted = ["rank", "step", *(c for c in ("loss", "param_fp") if c in schema), *self.shared]
+        self.columns = list(dict.fromkeys(wanted))  # the columns it reads, once each
+        self.per_step: pl.DataFrame | None = None
+        self.ranks: list[pl.DataFrame] = []
+
+    def _aggregates(self, names: set[str]) -> list[pl.Expr]:
+        aggs = [pl.len().alias("_n")]
+        for i, name in enumerate(self.shared):
+            if name in names:
+                aggs += [pl.col(name).min().alias(f"_lo{i}"), pl.col(name).max().alias(f"_hi{i}")]
+        if "loss" in names:
+            aggs.append((pl.col("loss").is_nan() | pl.col("loss").is_infinite()).sum().alias("_nonfinite"))
+        if "param_fp" in names:
+            aggs.append(pl.col("param_fp").is_not_null().sum().alias("_checked"))
+        return aggs
+
+    @staticmethod
+    def _folds(columns: list[str]) -> list[pl.Expr]:
+        """Two batches' aggregates of a step as one: the lowest of the lows, the highest
+        of the highs, the sum of the counts."""
+        return [
+            pl.col(c).min() if c.startswith("_lo") else pl.col(c).max() if c.startswith("_hi") else pl.col(c).sum()
+            for c in columns
+            if c != "step"
+        ]
+
+    def add(self, batch: pl.LazyFrame) -> None:
+        names = set(batch.collect_schema().names())
         part, rank_part = pl.collect_all(
             [
-                lf.group_by("step").agg(aggs),
-                lf.group_by("rank").agg(pl.col("step").min().alias("first"), pl.col("step").max().alias("last")),
+                batch.group_by("step").agg(self._aggregates(names)),
+                batch.group_by("rank").agg(pl.col("step").min().alias("first"), pl.col("step").max().alias("last")),
             ]
         )
-        per_step = (
-            part if per_step is None else pl.concat([per_step, part], how="vertical_relaxed").group_by("step").agg(fold)
-        )
-        ranks.append(rank_part)
-    assert per_step is not None
-    per_step = per_step.sort("step")
-    per_rank = (
-        pl.concat(ranks, how="vertical_relaxed")
-        .group_by("rank")
-        .agg(pl.col("first").min(), pl.col("last").max())
-        .sort("rank")
-        if len(ranks) > 1
-        else ranks[0]
-    )
+        if self.per_step is None:
+            self.per_step = part
+        else:
+            both = pl.concat([self.per_step, part], how="diagonal_relaxed")  # a column one lacks: null there
+            self.per_step = both.group_by("step").agg(self._folds(both.columns))
+        self.ranks.append(rank_part)
+
+    def triage(self) -> Triage:
+        assert self.per_step is not None
+        per_step = self.per_step.sort("step")
+        per_rank = (
+            pl.concat(self.ranks, how="vertical_relaxed")
+            .group_by("rank")
+            .agg(pl.col("first").min(), pl.col("last").max())
+            if len(self.ranks) > 1
+            else self.ranks[0]
+        ).sort("rank")
+        return _found(per_step, per_rank, self.shared)
+
+
+def triage(batches: list[pl.LazyFrame]) -> Triage:
+    """The first pass over the cache's parts, a batch at a time (Tally)."""
+    tally = Tally(batches[0].collect_schema())
+    for lf in batches:
+        tally.add(lf)
+    return tally.triage()
+
+
+def _found(per_step: pl.DataFrame, per_rank: pl.DataFrame, shared: list[str]) -> Triage:
+    """The steps that matter, from the per-step and per-rank aggregates."""
     steps = per_step["step"].to_list()
     checked = per_step.filter(pl.col("_checked") > 0)["step"].to_list() if "_checked" in per_step.columns else []
     out = Triage(steps=steps, checked=checked, ranks=per_rank.height, ends=per_rank)
@@ -138,6 +194,8 @@ def triage(batches: list[pl.LazyFrame]) -> Triage:
 
     out.centres["first and last steps"] = [steps[0], steps[-1]]
     for i, name in enumerate(shared):
+        if f"_lo{i}" not in per_step.columns:  # null in every record
+            continue
         parted = first(pl.col(f"_lo{i}") != pl.col(f"_hi{i}"))
         if parted:
             out.centres[f"ranks disagree on {name}"] = parted[:1]
@@ -183,11 +241,15 @@ def choose_steps(found: Triage, rows: int) -> tuple[list[int], int]:
     return sorted(chosen), stride
 
 
-def read_bounded(batches: list[pl.LazyFrame], total: int, rows: int) -> tuple[pl.DataFrame, str]:
+def read_bounded(
+    batches: list[pl.LazyFrame], total: int, rows: int, found: Triage | None = None
+) -> tuple[pl.DataFrame, str]:
     """The model's step frame (sorted by rank, then step) and the warning that says
     what it holds. ``batches``: the cached step series (records/cache.py), rank by rank,
-    in batches of parts read one at a time."""
-    found = triage(batches)
+    in batches of parts read one at a time; ``found``: their triage, where the cache
+    kept it (else it is made here, a first pass over them)."""
+    if found is None:
+        found = triage(batches)
     chosen, stride = choose_steps(found, rows)
     # every rank's first and last record too, wherever they are: its step count and end
     # are exact (a rank that stopped early among ranks that did not)
