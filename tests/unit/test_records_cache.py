@@ -16,7 +16,7 @@ import pytest
 
 from syncdoctor.doctor.diagnose import diagnose
 from syncdoctor.doctor.report import render_json
-from syncdoctor.records import cache, reader
+from syncdoctor.records import cache, reader, window
 from syncdoctor.records.reader import RunRecords, read_run
 
 HOUR_AGO_NS = time.time_ns() - 3600 * 10**9
@@ -395,3 +395,22 @@ def test_the_cache_reads_only_the_columns_that_hold_a_value(tmp_path: Path) -> N
     warm, none = read_run(run), read_run(run, use_cache=False)
     assert cold.steps.equals(none.steps, null_equal=True) and warm.steps.equals(none.steps, null_equal=True)
     assert warm.steps.schema == none.steps.schema
+
+
+def test_a_run_read_whole_is_kept_a_part_per_rank_with_its_triage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run the reader must parse whole (here a step twice) is kept as a conversion
+    keeps one, a part per rank with the triage of a bounded read, so that its later
+    reads go through it a batch of ranks at a time like any other run's."""
+    run = write_run(tmp_path / "run", ranks=3)
+    rewrite_keeping_stat(run / "records" / "rank1.jsonl", b'"rank":1,"step":5,', b'"rank":1,"step":4,')
+    none, cold = read_run(run, use_cache=False), read_run(run)
+    assert same(none, cold)
+    meta = json.loads(cache.cache_path(run).read_bytes())
+    assert meta["files"] == ["0.parquet", "1.parquet", "2.parquet"]
+    assert meta["triage"] == window.triage(cache.scan_batches(run, meta, 1)).to_json()
+    monkeypatch.setenv(window.FULL_DETAIL_ENV, "30")  # under the run's 60 step records: bounded
+    bounded = read_run(run)
+    assert bounded.warnings[-1].startswith("a big run (60 step records of 3 ranks")
+    assert bounded.steps.group_by("rank").agg(pl.col("step").max())["step"].to_list() == [20, 20, 20]

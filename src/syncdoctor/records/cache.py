@@ -329,19 +329,31 @@ def _meta(key: dict[str, Any], rows: int, schema: pl.Schema, records: Any) -> di
 
 
 def save(run_dir: Path, key: dict[str, Any], records: Any) -> None:
-    """Keep the reader's result (a RunRecords, its steps in memory) as one part; any
-    failure (a read-only folder, a full disk) only means there is no cache."""
+    """Keep the reader's result (a RunRecords, its steps in memory), a part per rank as
+    a conversion leaves it, with the triage of a bounded read: a run that had to be read
+    whole once (a corrupt step line, a step twice) is read in bounded batches after.
+    Any failure (a read-only folder, a full disk) only means there is no cache."""
     if racy(key):
         return
+    steps = records.steps
+    valued = valued_columns(steps)
     with parts_folder(run_dir) as parts_dir:
         if parts_dir is None:
             return
+        files: list[tuple[str, int]] = []
         try:
-            write_part(records.steps, parts_dir / "0.parquet")
+            ranks = steps.partition_by("rank", maintain_order=True) if steps.height else [steps]
+            for i, part in enumerate(ranks):
+                write_part(part, parts_dir / f"{i}.parquet")
+                files.append((f"{i}.parquet", part.height))
         except Exception:
             return
-        steps = records.steps
-        publish(run_dir, key, parts_dir, [("0.parquet", steps.height)], steps.schema, records, valued_columns(steps))
+        found = None
+        if steps.height:
+            tally = window.Tally(steps.schema)
+            tally.add(steps.lazy().select(name for name in tally.columns if name in valued))
+            found = tally.triage().to_json()
+        publish(run_dir, key, parts_dir, files, steps.schema, records, valued, found)
 
 
 def valued_columns(frame: pl.DataFrame) -> set[str]:

@@ -206,7 +206,7 @@ def _convert(run_dir: Path, rec_dir: Path, files: list[tuple[int, Path]], key: d
         parsed = False
         # The triage of a big run's bounded read (records/window.py), from the records as
         # they are converted: the cache keeps it, so that no read decodes the parts for it.
-        # Every part has every scalar column (the triage's), null where no record has it.
+        # It may read any scalar column; each part hands it those with a value.
         tally = window.Tally(pl.Schema(_kept_schema(set())))
         held: list[pl.DataFrame] = []
         # In rank order, as a read of the whole run: the other records, the warnings.
