@@ -169,8 +169,9 @@ def test_the_sliding_median_is_numpys_to_the_bit(window: int) -> None:
         np.exp(rng.normal(size=500)) * 1e-200,
         np.r_[np.full(60, 0.25), np.full(60, 1.56)],
         rng.normal(size=window) * 1e300,
+        np.r_[rng.normal(size=80), np.nan, rng.normal(size=80), np.inf],
     ]
     for x in series:
         want = np.median(sliding_window_view(x, window), axis=1)
         got = sliding_median(x, window)
-        assert got.dtype == want.dtype and np.array_equal(got, want)
+        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)
