@@ -385,13 +385,18 @@ def test_a_key_first_written_late_in_a_long_run_is_read(tmp_path: Path) -> None:
 
 
 def test_the_cache_reads_only_the_columns_that_hold_a_value(tmp_path: Path) -> None:
-    """Columns null in every row are not read from the Parquet parts (the index names the
-    others) and come back as nulls: the frame is the one read without the cache."""
+    """Columns null in every row are not written to a rank's Parquet part nor read from
+    the parts (the index names the others) and come back as nulls: the frame is the one
+    read without the cache."""
     run = write_run(tmp_path / "run")
     cold = read_run(run)
     meta = json.loads(cache.cache_path(run).read_bytes())
     assert "loss" in meta["valued"] and "tensor_fps" in meta["valued"]
     assert "loss_scale" in meta["columns"] and "loss_scale" not in meta["valued"]
+    # each part holds the columns with a value in its own rows (rank 0 writes no tensor_fps)
+    assert "loss_scale" not in pl.read_parquet_schema(_parts(run) / "0.parquet")
+    assert "tensor_fps" not in pl.read_parquet_schema(_parts(run) / "0.parquet")
+    assert "tensor_fps" in pl.read_parquet_schema(_parts(run) / "1.parquet")
     warm, none = read_run(run), read_run(run, use_cache=False)
     assert cold.steps.equals(none.steps, null_equal=True) and warm.steps.equals(none.steps, null_equal=True)
     assert warm.steps.schema == none.steps.schema

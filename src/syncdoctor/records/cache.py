@@ -176,11 +176,14 @@ def scan_batches(run_dir: Path, meta: dict[str, Any], rows: int) -> list[pl.Lazy
 
 def _scan(run_dir: Path, meta: dict[str, Any], names: list[str]) -> pl.LazyFrame:
     """The parts ``names``, the columns that hold some value only (the others are null in
-    every row: ``with_null_columns`` adds them back after the query, at no cost)."""
+    every row: ``with_null_columns`` adds them back after the query, at no cost). A part
+    holds the columns with a value in its rows: the scan inserts the others as nulls."""
     folder = run_dir / CACHE_SUBDIR / meta["parts"]
     if not meta["parts"].startswith(PARTS_PREFIX) or "/" in meta["parts"] or not names:
         raise ValueError("not a parts folder of this cache")
-    return pl.scan_parquet([folder / name for name in names]).select(meta["valued"])
+    return pl.scan_parquet(
+        [folder / name for name in names], schema=pl.Schema(STEP_SCHEMA), missing_columns="insert"
+    ).select(meta["valued"])
 
 
 def with_null_columns(frame: pl.DataFrame, meta: dict[str, Any]) -> pl.DataFrame:
@@ -217,16 +220,21 @@ def parts_folder(run_dir: Path) -> Iterator[Path | None]:
 
 
 def write_part(frame: pl.DataFrame, path: Path) -> None:
-    """One part of the step series: ``frame`` with every column of STEP_SCHEMA (the
-    absent ones null, which costs nothing), in its order, so that all parts read as one.
-    zstd at level 1 and no column statistics: a part is one rank's steps, one row group,
-    whose step range every query's steps overlap, so statistics never let a read skip
-    anything; without them and at level 1 a part is written in two thirds of the time
-    and is smaller (25.5 against 28.7 bytes per rank-step, 256 ranks × 10,000 steps)."""
-    missing = [pl.lit(None, dtype).alias(name) for name, dtype in STEP_SCHEMA.items() if name not in frame.columns]
-    frame.with_columns(missing).select(list(STEP_SCHEMA)).write_parquet(
-        path, row_group_size=ROW_GROUP, compression="zstd", compression_level=1, statistics=False
-    )
+    """One part of the step series: the columns of ``frame`` that hold a value, in
+    STEP_SCHEMA's order (a scan of the parts inserts the others as nulls: ``_scan``;
+    writing 20 columns of nulls took a third of a part's write). zstd at level 1 and no
+    column statistics: a part is one rank's steps, one row group, whose step range every
+    query's steps overlap, so statistics never let a read skip anything; without them
+    and at level 1 a part is written in two thirds of the time and is smaller (25.5
+    against 28.7 bytes per rank-step, 256 ranks × 10,000 steps). A part without rows has
+    every column."""
+    if frame.height:
+        valued = valued_columns(frame)
+        frame = frame.select(name for name in STEP_SCHEMA if name in valued)
+    else:
+        missing = [pl.lit(None, dtype).alias(name) for name, dtype in STEP_SCHEMA.items() if name not in frame.columns]
+        frame = frame.with_columns(missing).select(list(STEP_SCHEMA))
+    frame.write_parquet(path, row_group_size=ROW_GROUP, compression="zstd", compression_level=1, statistics=False)
 
 
 def drop(run_dir: Path) -> None:
