@@ -8,7 +8,8 @@ Each size's records are generated once as the probe writes them (JSON lines: a f
 on a few ranks at a late step, the live check naming the tensor) into
 DATA/r{R}s{S}/ (kept: 1,024 × 100,000 is 23 GB and takes many minutes to write; delete
 DATA at the end), and, with --twin, a healthy twin into DATA/r{R}s{S}-twin/. Then, each
-in a fresh process: a cold diagnosis (no cache yet: the JSON lines are converted into
+in a fresh process running the command people run (`syncdoctor diagnose RUN --json`,
+imports included): a cold diagnosis (no cache yet: the JSON lines are converted into
 the columnar cache, then diagnosed), a warm one, the twin's, and with --whole the run
 read whole (SYNCDOCTOR_FULL_DETAIL_ROWS=0; only for sizes that fit in memory). Printed:
 wall, peak RSS, bytes per rank-step (JSON lines, cache), the top finding and whether it
@@ -196,15 +197,17 @@ def ensure(data: Path, ranks: int, steps: int, twin: bool, jobs: int) -> Path:
     return run_dir
 
 
+# The command people run (`syncdoctor diagnose RUN --json`), in this process: wall and CPU
+# from before its imports, its peak RSS, its top finding.
 _MEASURE = (
-    "import json,resource,sys,time; t=time.perf_counter();"
-    "from syncdoctor.doctor.diagnose import diagnose; d=diagnose([sys.argv[1]]);"
-    "from syncdoctor.doctor.report import render_json; render_json(d);"
-    "f=d.findings[0] if d.findings else None;"
+    "import contextlib,io,json,resource,sys,time; t=time.perf_counter();"
+    "from syncdoctor.cli.app import main; out=io.StringIO()\n"
+    "with contextlib.redirect_stdout(out): main(['diagnose', sys.argv[1], '--json'])\n"
+    "d=json.loads(out.getvalue()); f=d['findings'][0] if d['findings'] else None;"
     "u=resource.getrusage(resource.RUSAGE_SELF);"
     "print(json.dumps({'s': time.perf_counter()-t, 'cpu': u.ru_utime+u.ru_stime,"
     "'rss': u.ru_maxrss/2**20,"
-    "'top': [f.code, f.ranks, f.step, f.tensor] if f else None, 'verdict': d.verdict}))"
+    "'top': [f['code'], f['ranks'], f['step'], f['tensor']] if f else None, 'verdict': d['verdict']}))"
 )
 
 

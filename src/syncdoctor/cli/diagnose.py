@@ -44,10 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
+    from syncdoctor.cli.allocator import keep_freed_memory
     from syncdoctor.doctor.diagnose import diagnose
     from syncdoctor.doctor.report import render_html, render_json, render_terminal
     from syncdoctor.records.reader import is_run_dir
 
+    keep_freed_memory()  # this process's own allocator (cli/allocator.py)
     run_dirs = [p for p in args.paths if p != "-" and Path(p).is_dir() and is_run_dir(Path(p))]
     if len(run_dirs) > 1:
         return _diagnose_runs(args, run_dirs, [p for p in args.paths if p not in run_dirs])
