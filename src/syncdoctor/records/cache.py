@@ -7,8 +7,9 @@ second. So the reader keeps what it read, once, beside the run:
     RUN_DIR/.syncdoctor/cache/records.json             the index
     RUN_DIR/.syncdoctor/cache/records.<id>/<n>.parquet the step series, one part per rank
 
-the step series as Parquet (zstd), one file per rank file with step records, all with
-the same columns, in rank order, read as one by a multi-file scan (no merged copy: a
+the step series as Parquet (zstd), one file per rank file with step records, each with
+the columns that hold a value in it, in rank order, read as one by a multi-file scan that
+inserts the missing columns as nulls (no merged copy: a
 merge of 1,024 parts into one file peaked at 12.2 GiB), and everything else the reader
 returned (the other records, its warnings, the ranks, the columns) in the index, which
 names the folder of parts. The folder is moved into place, then the index replaced
@@ -154,8 +155,7 @@ def load(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def scan(run_dir: Path, meta: dict[str, Any]) -> pl.LazyFrame:
-    """The cached step series, lazily: one scan over the parts, in order (rank by rank),
-    the reader's columns only (every part holds all of STEP_SCHEMA's)."""
+    """The cached step series, lazily: one scan over the parts, in order (rank by rank)."""
     return _scan(run_dir, meta, meta["files"])
 
 
@@ -219,7 +219,7 @@ def parts_folder(run_dir: Path) -> Iterator[Path | None]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def write_part(frame: pl.DataFrame, path: Path) -> None:
+def write_part(frame: pl.DataFrame, path: Path, valued: set[str] | None = None) -> None:
     """One part of the step series: the columns of ``frame`` that hold a value, in
     STEP_SCHEMA's order (a scan of the parts inserts the others as nulls: ``_scan``;
     writing 20 columns of nulls took a third of a part's write). zstd at level 1 and no
@@ -227,9 +227,10 @@ def write_part(frame: pl.DataFrame, path: Path) -> None:
     query's steps overlap, so statistics never let a read skip anything; without them
     and at level 1 a part is written in two thirds of the time and is smaller (25.5
     against 28.7 bytes per rank-step at 256 ranks × 10,000 steps; 24.6 with only the
-    columns that hold a value). A part without rows has every column."""
+    columns that hold a value). A part without rows has every column. ``valued``: the
+    frame's columns with a value, where the caller has them."""
     if frame.height:
-        valued = valued_columns(frame)
+        valued = valued_columns(frame) if valued is None else valued
         frame = frame.select(name for name in STEP_SCHEMA if name in valued)
     else:
         missing = [pl.lit(None, dtype).alias(name) for name, dtype in STEP_SCHEMA.items() if name not in frame.columns]
@@ -358,14 +359,14 @@ def save(run_dir: Path, key: dict[str, Any], records: Any) -> None:
         try:
             ranks = steps.partition_by("rank", maintain_order=True) if steps.height else [steps]
             for i, part in enumerate(ranks):
-                write_part(part, parts_dir / f"{i}.parquet")
+                write_part(part, parts_dir / f"{i}.parquet")  # (its own valued columns)
                 files.append((f"{i}.parquet", part.height))
         except Exception:
             return
         found = None
         if steps.height:
             tally = window.Tally(steps.schema)
-            tally.add(steps.lazy().select(name for name in tally.columns if name in valued))
+            tally.add(steps.lazy().select(tally.reads(valued)))
             found = tally.triage().to_json()
         publish(run_dir, key, parts_dir, files, steps.schema, records, valued, found)
 

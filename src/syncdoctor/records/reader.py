@@ -143,10 +143,10 @@ class _Part:
     tallied: pl.DataFrame | None = None  # the step records' columns the triage reads
 
 
-def _convert_rank(rank: int, path: Path, part_path: Path, tallied: list[str]) -> _Part | None:
-    """One rank file parsed alone, its step records written to ``part_path`` (and their
-    columns ``tallied`` kept, for the triage); None where that could read differently
-    from the whole run parsed together."""
+def _convert_rank(rank: int, path: Path, part_path: Path, tally: window.Tally) -> _Part | None:
+    """One rank file parsed alone, its step records written to ``part_path`` (and the
+    columns the ``tally`` reads kept, for the triage); None where that could read
+    differently from the whole run parsed together."""
     got = _Part(RunRecords(run_dir=path, steps=_NO_STEPS))  # (an empty frame of every column costs 0.5 ms)
     try:
         data = path.read_bytes()
@@ -164,12 +164,11 @@ def _convert_rank(rank: int, path: Path, part_path: Path, tallied: list[str]) ->
     got.columns, got.parsed, got.valued = tuple(frame.columns), True, cache.valued_columns(frame)
     if frame.height:
         try:
-            cache.write_part(frame, part_path)
+            cache.write_part(frame, part_path, got.valued)
         except Exception:
             return None
         got.file, got.rows = part_path.name, frame.height
-        # (the frame's columns, not copies; those null in every record are not aggregated)
-        got.tallied = frame.select(name for name in tallied if name in got.valued)
+        got.tallied = frame.select(tally.reads(got.valued))  # (the frame's columns, not copies)
     return got
 
 
@@ -216,7 +215,7 @@ def _convert(run_dir: Path, rec_dir: Path, files: list[tuple[int, Path]], key: d
                 [rank for rank, _ in files],
                 [path for _, path in files],
                 [parts_dir / f"{i}.parquet" for i in range(len(files))],
-                [tally.columns] * len(files),
+                [tally] * len(files),
             )
             for (rank, _), got in zip(files, done, strict=True):
                 out.ranks.append(rank)

@@ -121,6 +121,11 @@ class Tally:
         self.per_step: pl.DataFrame | None = None
         self.ranks: list[pl.DataFrame] = []
 
+    def reads(self, valued: set[str]) -> list[str]:
+        """The columns it reads, of those that hold a value (``valued``): a batch needs
+        no others."""
+        return [name for name in self.columns if name in valued]
+
     def _aggregates(self, names: set[str]) -> list[pl.Expr]:
         aggs = [pl.len().alias("_n")]
         for i, name in enumerate(self.shared):
@@ -164,9 +169,8 @@ class Tally:
             pl.concat(self.ranks, how="vertical_relaxed")
             .group_by("rank")
             .agg(pl.col("first").min(), pl.col("last").max())
-            if len(self.ranks) > 1
-            else self.ranks[0]
-        ).sort("rank")
+            .sort("rank")
+        )
         return _found(per_step, per_rank, self.shared)
 
 
@@ -253,7 +257,6 @@ def read_bounded(
     chosen, stride = choose_steps(found, rows)
     # every rank's first and last record too, wherever they are: its step count and end
     # are exact (a rank that stopped early among ranks that did not)
-    ends = found.ends.select("rank", pl.col("first").alias("_first"), pl.col("last").alias("_last"))
     # The scan's filter is on the step alone, so that the Parquet reader applies it as it
     # decodes (a filter on a join with the ends decoded and copied every row of a batch):
     # the chosen steps and every rank's first and last. The few rows at another rank's
@@ -263,7 +266,8 @@ def read_bounded(
     wanted = pl.Series(chosen, dtype=pl.Int64).implode()
     frame = pl.concat([lf.filter(pl.col("step").is_in(scanned)).collect() for lf in batches], rechunk=True)
     # (one chunk, not one a part: the rules' queries run over it many times)
-    if len(edges - set(chosen)):
+    if edges - set(chosen):
+        ends = found.ends.select("rank", pl.col("first").alias("_first"), pl.col("last").alias("_last"))
         frame = (
             frame.join(ends, on="rank", how="left", maintain_order="left")
             .filter(

@@ -172,31 +172,32 @@ class Reduce(Facet):
             return None
         steps = self.ev.steps
         if self.ev.has_records and "syncs" in steps.columns and "param_fp" in steps.columns:
-            checked = steps.filter(pl.col("param_fp").is_not_null() & pl.col("micro").is_not_null())
-            # Only the check steps where some schedules differ are looked at (in the order
-            # the steps first appear), not every check step rank by rank: 0.4 s of a
-            # diagnosis at 256 ranks, where they all agreed.
+            # Each rank's schedule at each check; absent: one synchronised call where the
+            # rank ran one micro-step (more: not observed).
             schedule = (
                 pl.when(pl.col("syncs").is_not_null())
                 .then(pl.col("syncs"))
                 .when(pl.col("micro") == 1)
                 .then(pl.lit("s"))
             )
+            checked = (
+                steps.filter(pl.col("param_fp").is_not_null() & pl.col("micro").is_not_null())
+                .with_row_index("_at")
+                .select("_at", "step", "rank", schedule.alias("_schedule"))
+            )
+            # Only the check steps where some schedules differ are looked at (in the order
+            # the steps first appear), not every check step rank by rank: 0.4 s of a
+            # diagnosis at 256 ranks, where they all agreed.
             differing = (
-                checked.with_row_index("_at")
-                .group_by("step")
-                .agg(pl.col("_at").first(), schedule.drop_nulls().n_unique().alias("_kinds"))
+                checked.group_by("step")
+                .agg(pl.col("_at").first(), pl.col("_schedule").drop_nulls().n_unique().alias("_kinds"))
                 .filter(pl.col("_kinds") > 1)
                 .sort("_at")["step"]
             )
             for step in differing:
-                rows = checked.filter(pl.col("step") == step)
-                schedules = {
-                    int(r): s if s is not None else "s"
-                    for r, s, m in zip(rows["rank"], rows["syncs"], rows["micro"], strict=True)
-                    if s is not None or m == 1  # absent: one synchronised call (more: not observed)
-                }
-                call = _first_apart(schedules) if len(schedules) > 1 else None
+                rows = checked.filter((pl.col("step") == step) & pl.col("_schedule").is_not_null())
+                schedules = {int(r): str(s) for r, s in zip(rows["rank"], rows["_schedule"], strict=True)}
+                call = _first_apart(schedules)  # (two schedules at least: they differ)
                 if call is not None:
                     return self._apart(int_of(step), call, schedules, at_end=False)
         ends = self.ev.records.ends
