@@ -384,8 +384,8 @@ def _verdict(
         return "parallel_part"
     elif run_problem:
         return "parallel_part"
-    elif base_problem:
-        return "better"
+    elif base_problem and out.direction != "worse":
+        return "better"  # (a run that climbs above a troubled baseline is still the worse one)
     if not measured:
         return "inconclusive"
     if out.direction == "worse":

@@ -27,7 +27,7 @@ class RankPlan:
     momentum: float = 0.9
     weight_decay: float = 0.0
     # data
-    seed_model: bool = True  # False: this rank seeds nothing before building the model
+    seed_model: bool = True  # False: each rank builds its model from a seed of its own (torch), or none (MindSpore)
     shuffle_seed: int | None = 0  # None: this rank shuffles with fresh entropy
     shard: str = "strided"  # "strided" | "none" (every rank reads it all) | "hash" (file-style, uneven)
     shard_id: int | None = None  # None: its own rank

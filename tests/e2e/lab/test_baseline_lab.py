@@ -5,6 +5,13 @@ base_lr × N) and keeps 32 samples per rank, so a 2-rank run at step s has seen 
 the 1-rank run sees at step 2s with the same learning rate per sample: the
 comparison aligns by samples seen, which is the honest pairing for this recipe.
 Five runs of 40 steps, shared across the tests through the session's lab cache.
+
+The init-mismatch run draws each rank's weights from a seed of its own (the lab's
+stand-in for an unseeded rank), so its curve is the same run after run. Whether
+mismatched replicas train visibly worse than one card depends on the draw: unseeded,
+3 of 60 runs stayed within the noise band; of lab seeds 0–9, seed 6 stayed within it
+and seeds 0 and 3 parted on one rank only, late. Seed 5 parts on both ranks and on the
+mean at step 16 of 88, the margin a test can rely on.
 """
 
 from __future__ import annotations
@@ -14,17 +21,20 @@ import pytest
 from syncdoctor.doctor.diagnose import diagnose
 
 pytestmark = pytest.mark.slow
-RUNS = (("clean", 1), ("clean", 2), ("lr-too-high", 1), ("lr-too-high", 2), ("init-mismatch", 2))
-LAB_RUNS = [{"fault": fault, "world_size": n} for fault, n in RUNS]  # started ahead (tests/conftest.py)
-
-
-def _run(lab, fault: str, world_size: int):
-    return lab(fault, world_size=world_size).out
+INIT_MISMATCH_SEED = 5
+RUNS = (
+    ("clean", 1, 0),
+    ("clean", 2, 0),
+    ("lr-too-high", 1, 0),
+    ("lr-too-high", 2, 0),
+    ("init-mismatch", 2, INIT_MISMATCH_SEED),
+)
+LAB_RUNS = [{"fault": fault, "world_size": n, "seed": seed} for fault, n, seed in RUNS]  # started ahead (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
-def runs(lab) -> dict[str, object]:
-    return {(fault, n): _run(lab, fault, n) for fault, n in RUNS}
+def runs(lab) -> dict[tuple[str, int], object]:
+    return {(fault, n): lab(fault, world_size=n, seed=seed).out for fault, n, seed in RUNS}
 
 
 def test_lr_too_high_on_one_card_too_is_not_the_parallel_part(runs) -> None:

@@ -142,6 +142,18 @@ def test_better_than_a_baseline_that_blows_up(tmp_path: Path) -> None:
     assert cmp.verdict == "better" and cmp.baseline_problem == "blow-up"
 
 
+def test_worse_than_a_baseline_with_a_troubled_shape_is_still_the_parallel_part(tmp_path: Path) -> None:
+    # The baseline jumps up and back in stages (a shape read as trouble) but ends low; the
+    # run's curve is smooth and runs 3x above it from step 30 on: it is the worse one.
+    staged = [v * (1.6 if (s // 10) % 2 else 1.0) for s, v in enumerate(healthy(seed=3), 1)]
+    worse = [v * (3.0 if s >= 30 else 1.0) for s, v in enumerate(healthy(seed=1), 1)]
+    run = write_run(tmp_path / "run", {0: worse, 1: worse}, batch=16)
+    base = write_run(tmp_path / "base", {0: staged})
+    cmp = diagnose([run], baseline=[base]).baseline
+    assert cmp.baseline_problem is not None and cmp.run_problem is None, cmp.evidence
+    assert cmp.verdict == "parallel_part" and cmp.direction == "worse", cmp.evidence
+
+
 def test_lower_loss_is_better(tmp_path: Path) -> None:
     good = [v * (0.4 if s >= 20 else 1.0) for s, v in enumerate(healthy(seed=1), 1)]
     run = write_run(tmp_path / "run", {0: good, 1: good}, batch=16)
