@@ -29,7 +29,9 @@ RUNS = (
     ("lr-too-high", 2, 0),
     ("init-mismatch", 2, INIT_MISMATCH_SEED),
 )
-LAB_RUNS = [{"fault": fault, "world_size": n, "seed": seed} for fault, n, seed in RUNS]  # started ahead (tests/conftest.py)
+LAB_RUNS = [
+    {"fault": fault, "world_size": n, "seed": seed} for fault, n, seed in RUNS
+]  # started ahead (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

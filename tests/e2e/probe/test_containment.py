@@ -98,6 +98,7 @@ def test_a_failing_hook_point_never_reaches_training(runs, hook: str, tmp_path: 
     if "probe disabled" in said_here[0] and hook not in UNRECORDABLE:  # a probe existed: its records say what was lost
         events = [e for e in read_run(run_dir).events if injected in str(e.get("message", ""))]
         assert events and all(
-            str(e["message"]).startswith("probe disabled") and "nothing recorded on this rank after step" in e["message"]
+            str(e["message"]).startswith("probe disabled")
+            and "nothing recorded on this rank after step" in e["message"]
             for e in events
         )
