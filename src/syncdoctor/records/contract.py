@@ -359,6 +359,12 @@ _PY: dict[str, type | tuple[type, ...]] = {
 }
 
 
+def int64_or_none(value: int | None) -> int | None:
+    """An "int" field (a step, a rank) as the Int64 columns hold it: a number past int64,
+    such as the digits of a garbled log line, is junk, not a step, and reads as None."""
+    return value if value is None or -(2**63) <= value < 2**63 else None
+
+
 def python_type(type_: str) -> type | tuple[type, ...]:
     """The top-level Python type of a JSON value of this type."""
     return list if type_.startswith("list") else _PY[type_]

@@ -529,7 +529,7 @@ def _coerce(value: Any, dtype: pl.DataType | pl.datatypes.DataTypeClass) -> Any:
     if isinstance(value, bool) or dtype == pl.Boolean:
         return value if isinstance(value, bool) and dtype == pl.Boolean else None
     if dtype == pl.Int64:
-        return value if isinstance(value, int) and -(2**63) <= value < 2**63 else None
+        return contract.int64_or_none(value) if isinstance(value, int) else None
     if dtype == pl.Float64:
         return float(value) if isinstance(value, float) or (isinstance(value, int) and abs(value) < 2**1000) else None
     if dtype == pl.String and isinstance(value, str):

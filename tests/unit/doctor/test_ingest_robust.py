@@ -266,3 +266,16 @@ def test_hf_trainer_state_json(tmp_path):
         (20, 2.0, 4e-05, 2.0),
     ]
     assert list(data.formats.values()) == ["hf_trainer_state"]
+
+
+def test_a_step_and_ranks_past_int64_in_a_log_line_are_no_step(tmp_path: Path) -> None:
+    # Found by the fuzz tier: the mismatch rule read "at step 999…9" (400 digits) as the
+    # finding's step, and the upstream check then compared it with the Int64 step column.
+    from syncdoctor.doctor.diagnose import diagnose
+
+    huge = "9" * 400
+    (tmp_path / "rank3.log").write_text(
+        f"[ERROR] GRADIENT_SYNC: Rank 1{huge} and Rank 2 parameter gradient mismatch at step {huge}\n"
+    )
+    top = diagnose([tmp_path]).findings[0]
+    assert top.code == "SD405" and top.step is None and top.ranks == [2], top

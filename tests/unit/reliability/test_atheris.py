@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import FUZZ_SEED
+
 atheris = pytest.importorskip(
     "atheris", reason="atheris not installed (pip install atheris; wheels for CPython 3.8-3.11 on Linux)"
 )
@@ -35,6 +37,7 @@ def test_atheris_harness_runs_clean(target, tmp_path, fuzz_counts):
             "-rss_limit_mb=4096",
             "-print_final_stats=1",
             f"-artifact_prefix={tmp_path}/",
+            *([f"-seed={FUZZ_SEED}"] if FUZZ_SEED else []),  # CI: the same draws each run (tests/conftest.py)
         ],
         cwd=tmp_path,
         capture_output=True,

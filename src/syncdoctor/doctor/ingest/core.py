@@ -43,6 +43,7 @@ from syncdoctor.doctor.ingest.shapes import (
 from syncdoctor.doctor.ingest.values import STEP_KEYS, fast_spans, line_values
 from syncdoctor.doctor.model import Event
 from syncdoctor.errors import InputError
+from syncdoctor.records.contract import int64_or_none
 
 RAW_CHARS = 2000  # Event.raw keeps this much of a line
 EVENTS_HEAD = 200  # per (kind, rank, benign): the first ones ...
@@ -439,8 +440,8 @@ class _FileReader:
             points.append(
                 {
                     # no launcher prefix: the shape peels none
-                    "rank": [_int64_or_none(r if r is not None else self.log.rank) for r in point.get("rank", none)],
-                    "step": [_int64_or_none(step) for step in point.get("step", none)],
+                    "rank": [int64_or_none(r if r is not None else self.log.rank) for r in point.get("rank", none)],
+                    "step": [int64_or_none(step) for step in point.get("step", none)],
                     **{
                         name: point.get(name, none)
                         for name in ("loss", "epoch", "lr", "grad_norm", "acc", "step_total")
@@ -555,7 +556,7 @@ class _FileReader:
         ranks, lines, steps, held, has_loss = zip(*self.value_lines, strict=True)
         per_line = pl.DataFrame(
             {
-                "rank": [_int64_or_none(rank) for rank in ranks],
+                "rank": [int64_or_none(rank) for rank in ranks],
                 "step": [
                     at.get(line) if loss else step for line, step, loss in zip(lines, steps, has_loss, strict=True)
                 ],
@@ -626,8 +627,8 @@ class _FileReader:
         rank = prefix_rank if prefix_rank is not None else p.rank if p.rank is not None else self.log.rank
         self.rows.append(
             (
-                _int64_or_none(rank),
-                _int64_or_none(p.step),
+                int64_or_none(rank),
+                int64_or_none(p.step),
                 p.loss,
                 p.epoch,
                 p.lr,
@@ -772,11 +773,6 @@ def _read_trainer_state(log: LogFile, index: int, warnings: list[str]) -> pl.Dat
         # steps missing: order of appearance, as for printed HF dicts
         frame = frame.with_columns(pl.Series("step", range(1, frame.height + 1), dtype=pl.Int64))
     return frame
-
-
-def _int64_or_none(value: int | None) -> int | None:
-    """A rank or step as the Int64 columns hold it: a number past int64 is junk, not a rank."""
-    return value if value is None or -(2**63) <= value < 2**63 else None
 
 
 def _int_or_none(value: object) -> int | None:

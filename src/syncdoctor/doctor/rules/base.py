@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from syncdoctor.doctor.model import Finding
+from syncdoctor.records.contract import int64_or_none
 from syncdoctor.rulebook import Entry, Severity
 
 if TYPE_CHECKING:
@@ -41,14 +42,15 @@ class Rule(Entry):
         severity: Severity | None = None,
         direct: bool = False,
     ) -> Finding:
+        # A step or rank read off a log line is as long as its digits: past int64 it is no step.
         return Finding(
             code=self.code,
             category=self.category,
             severity=severity or self.severity,
             confidence=round(max(0.0, min(1.0, confidence)), 2),
             title=title or self.title,
-            ranks=sorted(ranks or []),
-            step=step,
+            ranks=sorted(r for r in ranks or [] if int64_or_none(r) is not None),
+            step=int64_or_none(step),
             tensor=tensor,
             evidence=evidence,
             fix=self.fix_text(),
