@@ -28,17 +28,23 @@ fi
 unset PYTHONDONTWRITEBYTECODE
 JOBS=${SYNCDOCTOR_TEST_JOBS:-2}
 E2E_JOBS=${SYNCDOCTOR_E2E_JOBS:-0}
+phase() { echo "== $1 at $(date +%T), ${SECONDS} s in"; }  # where the CI budget goes
+phase "lint and types"
 .venv/bin/ruff check src tests benchmarks fuzz scripts
 .venv/bin/ruff format --check src tests benchmarks fuzz scripts
 .venv/bin/mypy
 # The import contracts (pyproject.toml [tool.importlinter]) and private names kept private.
 .venv/bin/lint-imports --no-cache
 .venv/bin/python scripts/check_private_names.py
+phase "fast tier"
 .venv/bin/python -m pytest tests/unit tests/rules -n "$JOBS" "$@"
+phase "slow tier"
 .venv/bin/python -m pytest tests/e2e -n "$E2E_JOBS" --dist loadfile -v -o console_output_style=times --durations=25 "$@"
+phase "MindSpore tier"
 if [ -x .venv-ms/bin/python ]; then
     # (no workers: its session starts all its jobs, four at a time, at its first test)
     .venv-ms/bin/python -m pytest tests/mindspore "$@"
 else
     echo "MindSpore tests skipped: .venv-ms was not set up (no MindSpore wheel for this platform)"
 fi
+phase "done"
